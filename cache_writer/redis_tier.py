@@ -1,0 +1,118 @@
+"""The Redis tier (L2): versioned compare-and-set in Lua, batched with pipelining.
+
+The two scripts are loaded once and called with EVALSHA; a NOSCRIPT answer (the server restarted or its
+script cache was flushed) reloads them and retries just the refused actions, in order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from importlib import resources
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import NoScriptError, RedisError
+
+from cache_writer.exceptions import TierUnavailableError
+from cache_writer.settings import RedisSettings
+from cache_writer.tier import ActionResult, CacheAction, Outcome
+
+
+def _script(name: str) -> tuple[str, str]:
+    text = resources.files("cache_writer").joinpath("lua", name).read_text()
+    return text, hashlib.sha1(text.encode()).hexdigest()
+
+
+WRITE_SCRIPT, WRITE_SHA = _script("write_if_newer.lua")
+INVALIDATE_SCRIPT, INVALIDATE_SHA = _script("invalidate_if_not_newer.lua")
+
+
+def connect(settings: RedisSettings) -> aioredis.Redis:
+    """An asyncio client for the configured Redis (the password comes from settings, never the log)."""
+    password = settings.password.get_secret_value() if settings.password else None
+    return aioredis.Redis.from_url(settings.url, password=password, decode_responses=False)
+
+
+class RedisTier:
+    """L2: one Redis (or one Redis Cluster node set) holding ``fk:{namespace}:row`` hashes."""
+
+    name = "redis"
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        *,
+        tombstone_ttl_ms: int,
+        entry_ttl_ms: int | None = None,
+    ) -> None:
+        if tombstone_ttl_ms <= 0:
+            raise ValueError("tombstone_ttl_ms must be positive")
+        self._client = client
+        self._tombstone_ttl = str(tombstone_ttl_ms)
+        self._entry_ttl = str(entry_ttl_ms or 0)
+
+    @classmethod
+    def from_settings(cls, settings: RedisSettings) -> RedisTier:
+        return cls(
+            connect(settings),
+            tombstone_ttl_ms=settings.tombstone_ttl_s * 1000,
+            entry_ttl_ms=settings.entry_ttl_s * 1000 if settings.entry_ttl_s else None,
+        )
+
+    @property
+    def client(self) -> aioredis.Redis:
+        return self._client
+
+    async def load_scripts(self) -> None:
+        try:
+            await self._client.script_load(WRITE_SCRIPT)
+            await self._client.script_load(INVALIDATE_SCRIPT)
+        except RedisError as exc:
+            raise TierUnavailableError(self.name, exc) from exc
+
+    def _queue(self, pipe: Any, action: CacheAction) -> None:
+        if action.kind == "write":
+            pipe.evalsha(
+                WRITE_SHA, 1, action.key, action.version, action.value, action.commit_ts_us, self._entry_ttl
+            )
+        else:
+            pipe.evalsha(
+                INVALIDATE_SHA, 1, action.key, action.version, action.commit_ts_us, self._tombstone_ttl
+            )
+
+    async def apply(self, actions: Sequence[CacheAction]) -> list[ActionResult]:
+        results: list[Any] = [None] * len(actions)
+        pending = list(range(len(actions)))
+        for attempt in range(2):
+            try:
+                async with self._client.pipeline(transaction=False) as pipe:
+                    for index in pending:
+                        self._queue(pipe, actions[index])
+                    replies = await pipe.execute(raise_on_error=False)
+            except RedisError as exc:
+                raise TierUnavailableError(self.name, exc) from exc
+            refused = []
+            for index, reply in zip(pending, replies, strict=True):
+                if isinstance(reply, NoScriptError):
+                    refused.append(index)
+                elif isinstance(reply, Exception):
+                    raise TierUnavailableError(self.name, reply)
+                else:
+                    results[index] = reply
+            if not refused:
+                break
+            if attempt == 1:
+                raise TierUnavailableError(self.name, NoScriptError("scripts missing after reload"))
+            await self.load_scripts()
+            pending = refused
+        return [_result(action, reply) for action, reply in zip(actions, results, strict=True)]
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+
+def _result(action: CacheAction, reply: list[Any]) -> ActionResult:
+    applied, previous = reply
+    previous_version = int(previous) if previous not in (b"", "") else None
+    return ActionResult(action, Outcome.APPLIED if applied == 1 else Outcome.STALE, previous_version)

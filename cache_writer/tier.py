@@ -1,0 +1,48 @@
+"""The contract every cache tier implements: apply a batch of versioned actions, in order."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Literal, Protocol
+
+
+class Outcome(StrEnum):
+    APPLIED = "applied"
+    """The write landed, or the tombstone was laid."""
+    STALE = "stale"
+    """Rejected: the tier already holds this version or a newer one (entry or tombstone)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CacheAction:
+    """One compare-and-set on one entry: write the value, or replace the entry with a tombstone."""
+
+    kind: Literal["write", "invalidate"]
+    key: str
+    version: int
+    commit_ts_us: int
+    value: bytes | None = None
+
+    def __post_init__(self) -> None:
+        if (self.kind == "write") != (self.value is not None):
+            raise ValueError("a write carries a value; an invalidation does not")
+
+
+@dataclass(frozen=True, slots=True)
+class ActionResult:
+    action: CacheAction
+    outcome: Outcome
+    previous_version: int | None
+    """The version the tier held before (None when the key was absent)."""
+
+
+class CacheTier(Protocol):
+    name: str
+
+    async def apply(self, actions: Sequence[CacheAction]) -> list[ActionResult]:
+        """Apply every action atomically per entry, in order; raise TierUnavailableError on failure."""
+        ...
+
+    async def close(self) -> None: ...

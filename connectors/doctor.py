@@ -1,0 +1,173 @@
+"""Checks that a MySQL/MariaDB server can feed freshkey, each with the exact change that fixes it.
+
+``freshkey doctor`` prints them; the connector runs the same checks and refuses to start on a failure.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import pymysql
+
+from connectors.exceptions import ConfigurationError
+from connectors.settings import MySQLSettings
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    name: str
+    ok: bool
+    found: str
+    want: str
+    fix: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ServerInfo:
+    version: str
+    flavor: str  # "mariadb" or "mysql"
+    server_id: int
+
+
+def connect(settings: MySQLSettings) -> pymysql.connections.Connection:
+    try:
+        return pymysql.connect(**settings.connection_kwargs(), autocommit=True)
+    except pymysql.err.OperationalError as exc:
+        raise ConfigurationError(
+            f"cannot connect to MySQL at {settings.host}:{settings.port} as {settings.user!r}: "
+            f"{exc.args[-1]}. Check FRESHKEY_MYSQL_HOST, FRESHKEY_MYSQL_PORT, FRESHKEY_MYSQL_USER and "
+            "FRESHKEY_MYSQL_PASSWORD."
+        ) from None
+
+
+def _variables(cur: pymysql.cursors.Cursor, names: list[str]) -> dict[str, str]:
+    cur.execute("SHOW GLOBAL VARIABLES WHERE Variable_name IN (" + ",".join(["%s"] * len(names)) + ")", names)
+    return {str(name).lower(): str(value) for name, value in cur.fetchall()}
+
+
+def _restart_fix(setting: str, value: str) -> str:
+    return f"set {setting}={value} under [mysqld] in the server's config file (my.cnf) and restart it"
+
+
+def run_checks(settings: MySQLSettings) -> tuple[ServerInfo, list[Check]]:
+    """Connect and run every check; never raises for a failed check (only for no connection at all)."""
+    conn = connect(settings)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT VERSION()")
+            version = str(cur.fetchone()[0])
+            flavor = "mariadb" if "mariadb" in version.lower() else "mysql"
+            var = _variables(
+                cur,
+                [
+                    "log_bin",
+                    "binlog_format",
+                    "binlog_row_image",
+                    "binlog_row_metadata",
+                    "server_id",
+                    "log_bin_compress",
+                    "binlog_transaction_compression",
+                ],
+            )
+            grants = _grants(cur)
+        info = ServerInfo(version=version, flavor=flavor, server_id=int(var.get("server_id", "0")))
+        checks = [
+            _equals("binlog enabled", var.get("log_bin", "OFF"), "ON", _restart_fix("log_bin", "binlog")),
+            _equals(
+                "binlog_format",
+                var.get("binlog_format", "?"),
+                "ROW",
+                "SET GLOBAL binlog_format='ROW' and " + _restart_fix("binlog_format", "ROW"),
+            ),
+            _equals(
+                "binlog_row_image",
+                var.get("binlog_row_image", "?"),
+                "FULL",
+                "SET GLOBAL binlog_row_image='FULL' and " + _restart_fix("binlog_row_image", "FULL"),
+            ),
+            _equals(
+                "binlog_row_metadata",
+                var.get("binlog_row_metadata", "(not supported)"),
+                "FULL",
+                "SET GLOBAL binlog_row_metadata='FULL' and "
+                + _restart_fix("binlog_row_metadata", "FULL")
+                + " (needs MySQL >= 8.0.1 or MariaDB >= 10.5: without it column names are unknown)",
+            ),
+            Check(
+                "server_id",
+                info.server_id > 0 and info.server_id != settings.server_id,
+                str(info.server_id),
+                f"non-zero and different from the connector's FRESHKEY_MYSQL_SERVER_ID={settings.server_id}",
+                _restart_fix("server_id", "1")
+                if info.server_id == 0
+                else "set FRESHKEY_MYSQL_SERVER_ID to an id no server or replica uses",
+            ),
+            _compression_check(flavor, var),
+            *_privilege_checks(grants, settings.user),
+        ]
+        return info, checks
+    finally:
+        conn.close()
+
+
+def _equals(name: str, found: str, want: str, fix: str) -> Check:
+    return Check(name, found.upper() == want, found, want, fix)
+
+
+def _compression_check(flavor: str, var: dict[str, str]) -> Check:
+    name = "log_bin_compress" if flavor == "mariadb" else "binlog_transaction_compression"
+    found = var.get(name, "OFF")
+    return Check(
+        "binlog compression",
+        found.upper() in ("OFF", "0"),
+        f"{name}={found}",
+        f"{name}=OFF",
+        f"SET GLOBAL {name}=OFF and "
+        + _restart_fix(name, "OFF")
+        + " (compressed binlog events cannot be decoded by the binlog reader)",
+    )
+
+
+def _grants(cur: pymysql.cursors.Cursor) -> str:
+    cur.execute("SHOW GRANTS FOR CURRENT_USER()")
+    return " ".join(str(row[0]) for row in cur.fetchall()).upper()
+
+
+_REPLICATION_CLIENT = ("REPLICATION CLIENT", "BINLOG MONITOR", "SUPER")
+
+
+def _privilege_checks(grants: str, user: str) -> list[Check]:
+    global_grants = " ".join(re.findall(r"GRANT (.*?) ON \*\.\*", grants))
+    has_all = "ALL PRIVILEGES" in global_grants
+
+    def has(*names: str) -> bool:
+        return has_all or any(n in global_grants for n in names)
+
+    grant = f"GRANT SELECT, REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO '{user}'@'%'"
+    return [
+        Check(
+            "privilege REPLICATION SLAVE", has("REPLICATION SLAVE"), _found(global_grants), "granted", grant
+        ),
+        Check(
+            "privilege REPLICATION CLIENT", has(*_REPLICATION_CLIENT), _found(global_grants), "granted", grant
+        ),
+        Check("privilege SELECT", has("SELECT"), _found(global_grants), "granted on *.*", grant),
+    ]
+
+
+def _found(global_grants: str) -> str:
+    return global_grants or "(no global privileges)"
+
+
+def require_ready(settings: MySQLSettings) -> ServerInfo:
+    """Run the checks and raise :class:`ConfigurationError` listing every failure and its fix."""
+    info, checks = run_checks(settings)
+    failed = [c for c in checks if not c.ok]
+    if failed:
+        lines = [f"- {c.name}: found {c.found}, want {c.want}. Fix: {c.fix}" for c in failed]
+        raise ConfigurationError(
+            f"MySQL server {settings.host}:{settings.port} ({info.version}) cannot feed freshkey:\n"
+            + "\n".join(lines)
+        )
+    return info

@@ -1,0 +1,67 @@
+"""Settings of the edges: the MySQL/MariaDB source, the Kafka cluster, the connector process.
+
+Every field is read from an environment variable named by the class prefix plus the field name in upper
+case (``FRESHKEY_MYSQL_HOST``...), or from the config file the command line is given. Secrets are
+``SecretStr``: their value is never printed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class MySQLSettings(BaseSettings):
+    """Where the source database is and how the connector identifies itself as a replica."""
+
+    model_config = SettingsConfigDict(env_prefix="FRESHKEY_MYSQL_", extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = Field(3306, ge=1, le=65535)
+    user: str = "freshkey"
+    password: SecretStr = SecretStr("")
+    server_id: int = Field(
+        4242, ge=1, le=2**32 - 1, description="Replica server id the binlog reader registers with; unique."
+    )
+    connect_timeout_s: float = Field(10.0, gt=0)
+
+    def connection_kwargs(self) -> dict[str, object]:
+        """Keyword arguments for ``pymysql.connect`` (and the binlog reader's connection settings)."""
+        return {
+            "host": self.host,
+            "port": self.port,
+            "user": self.user,
+            "passwd": self.password.get_secret_value(),
+            "connect_timeout": int(self.connect_timeout_s),
+        }
+
+
+class KafkaSettings(BaseSettings):
+    """The Kafka cluster and the topics freshkey creates on it (explicitly, never auto-created)."""
+
+    model_config = SettingsConfigDict(env_prefix="FRESHKEY_KAFKA_", extra="ignore")
+
+    bootstrap: str = "127.0.0.1:9092"
+    change_topic: str = "freshkey.changes"
+    dead_letter_topic: str = "freshkey.dead-letters"
+    partitions: int = Field(4, ge=1, le=10_000)
+    replication_factor: int = Field(1, ge=1)
+
+
+class ConnectorSettings(BaseSettings):
+    """The binlog connector process."""
+
+    model_config = SettingsConfigDict(env_prefix="FRESHKEY_CONNECTOR_", extra="ignore")
+
+    checkpoint_path: Path = Path(".freshkey/checkpoint.json")
+    flush_timeout_s: float = Field(30.0, gt=0, description="How long a shutdown waits for Kafka acks.")
+    max_in_flight: int = Field(100_000, ge=1, description="Events produced but not yet acknowledged.")
+    version_source: Literal["binlog", "gtid"] = Field(
+        "binlog", description="How event versions are computed (see schemas.versions)."
+    )
+    start_from: Literal["current", "earliest"] = Field(
+        "current", description="Where a connector without a checkpoint starts reading the binlog."
+    )

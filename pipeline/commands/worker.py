@@ -1,0 +1,34 @@
+"""``freshkey worker``: the Faust worker that applies changes to the cache tiers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from connectors.exceptions import ConnectorError
+from connectors.topics import ensure_topics
+from pipeline.config import AllSettings, load_bindings
+
+
+def worker(
+    env_file: Annotated[
+        Path | None, typer.Option("--env-file", help="Settings file (FRESHKEY_* lines).")
+    ] = None,
+    log_level: Annotated[str, typer.Option("--log-level")] = "info",
+) -> None:
+    """Run one worker; start as many as the change topic has partitions to share the load."""
+    import faust
+
+    from pipeline.worker import create_app
+
+    settings = AllSettings.load(env_file)
+    bindings = load_bindings(settings.bindings_path)
+    try:
+        ensure_topics(settings.kafka)
+    except ConnectorError as exc:
+        typer.echo(f"freshkey worker: {exc}", err=True)
+        raise typer.Exit(2) from None
+    app, _ = create_app(settings.worker, settings.kafka, settings.redis, bindings)
+    faust.Worker(app, loglevel=log_level.lower(), quiet=True).execute_from_commandline()

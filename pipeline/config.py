@@ -1,0 +1,75 @@
+"""Loading settings and bindings for the commands, with errors that say what to change."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from pydantic import ValidationError
+from pydantic_settings import BaseSettings
+from rich.logging import RichHandler
+
+from cache_writer.settings import RedisSettings
+from connectors.settings import ConnectorSettings, KafkaSettings, MySQLSettings
+from pipeline.settings import BindingSettings, WorkerSettings
+from schemas import Bindings, parse_bindings
+
+S = TypeVar("S", bound=BaseSettings)
+
+
+class SettingsError(ValueError):
+    """Settings are invalid; the message names the environment variable to fix."""
+
+
+def load_settings(cls: type[S], env_file: Path | None = None) -> S:
+    try:
+        return cls(_env_file=env_file)
+    except ValidationError as exc:
+        prefix = str(cls.model_config.get("env_prefix", ""))
+        lines = [
+            f"  {prefix}{str(e['loc'][0]).upper()}: {e['msg']} (got {e.get('input')!r})"
+            for e in exc.errors(include_url=False)
+        ]
+        raise SettingsError("invalid settings:\n" + "\n".join(lines)) from None
+
+
+@dataclass(frozen=True)
+class AllSettings:
+    mysql: MySQLSettings
+    kafka: KafkaSettings
+    connector: ConnectorSettings
+    redis: RedisSettings
+    worker: WorkerSettings
+    bindings_path: Path
+
+    @classmethod
+    def load(cls, env_file: Path | None = None) -> AllSettings:
+        return cls(
+            mysql=load_settings(MySQLSettings, env_file),
+            kafka=load_settings(KafkaSettings, env_file),
+            connector=load_settings(ConnectorSettings, env_file),
+            redis=load_settings(RedisSettings, env_file),
+            worker=load_settings(WorkerSettings, env_file),
+            bindings_path=load_settings(BindingSettings, env_file).bindings,
+        )
+
+
+def load_bindings(path: Path) -> Bindings:
+    try:
+        text = path.read_bytes()
+    except OSError as exc:
+        raise SettingsError(
+            f"cannot read the bindings file {path} ({exc.strerror}); set FRESHKEY_BINDINGS to its path"
+        ) from None
+    return parse_bindings(text, source=str(path))
+
+
+def setup_logging(level: str = "INFO") -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(name)s: %(message)s",
+        handlers=[RichHandler(show_path=False, rich_tracebacks=False, omit_repeated_times=False)],
+        force=True,
+    )

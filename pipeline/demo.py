@@ -1,0 +1,368 @@
+"""The embedded default: private MariaDB, Redis and Kafka broker, the connector and a worker, a driver.
+
+``run_demo`` starts everything on free local ports (no Docker), drives inserts/updates/deletes at a fixed
+rate against a sample multimodal table, waits until the pipeline has caught up (connector checkpoint at
+the binlog end, worker past every partition's high watermark), compares every cache entry with the
+database and returns the figures. Everything it started is stopped on the way out, Ctrl-C included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pymysql
+import redis.asyncio as aioredis
+from confluent_kafka import Consumer, TopicPartition
+
+from cache_writer.entries import read_namespace
+from connectors.checkpoint import CheckpointStore
+from connectors.database import read_table
+from connectors.settings import MySQLSettings
+from pipeline.local_services import LocalKafka, LocalMariaDB, LocalRedis, free_port
+from pipeline.verify import VerifyReport, verify_namespace
+from schemas import parse_bindings
+
+DATABASE = "freshkey_demo"
+NAMESPACE = "assets"
+HEARTBEAT_NAMESPACE = "freshkey_heartbeat"
+PREFIX = "fk"
+MODALITIES = ("text", "image", "audio")
+
+SCHEMA = f"""
+CREATE DATABASE IF NOT EXISTS {DATABASE};
+CREATE TABLE IF NOT EXISTS {DATABASE}.assets (
+  id INT PRIMARY KEY,
+  modality VARCHAR(16) NOT NULL,
+  content TEXT NOT NULL,
+  embedding BLOB,
+  updated_at DATETIME(6) NOT NULL
+);
+CREATE TABLE IF NOT EXISTS {DATABASE}.heartbeat (
+  id INT PRIMARY KEY,
+  beat_at DATETIME(6) NOT NULL
+);
+"""
+
+BINDINGS = f"""\
+bindings:
+  - table: {DATABASE}.assets
+    namespace: {NAMESPACE}
+    value_columns: [modality, content, embedding, updated_at]
+    version_column: updated_at
+    commit_time_column: updated_at
+  - table: {DATABASE}.heartbeat
+    namespace: {HEARTBEAT_NAMESPACE}
+    version_column: beat_at
+    commit_time_column: beat_at
+"""
+
+
+@dataclass
+class DemoResult:
+    changes: int
+    applied: int
+    stale: int
+    missing: int
+    throughput_per_s: float
+    drive_rate_per_s: float
+    lag_ms: dict[str, Any]
+    catch_up_s: float
+    verify: VerifyReport
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "changes": self.changes,
+            "applied": self.applied,
+            "stale": self.stale,
+            "missing": self.missing,
+            "throughput_per_s": round(self.throughput_per_s, 1),
+            "drive_rate_per_s": round(self.drive_rate_per_s, 1),
+            "catch_up_s": round(self.catch_up_s, 3),
+            "lag_ms": {k: (round(v, 3) if isinstance(v, float) else v) for k, v in self.lag_ms.items()},
+            "verify": {
+                "rows": self.verify.rows,
+                "entries": self.verify.entries,
+                "checked": self.verify.checked,
+                "versions_checked": self.verify.versions_checked,
+                "examples": self.verify.examples,
+            },
+        }
+
+
+class DemoError(RuntimeError):
+    pass
+
+
+class Progress:
+    """What the demo reports while it runs (the command line renders it with rich)."""
+
+    def stage(self, text: str) -> None: ...
+
+    def advance(self, done: int, total: int) -> None: ...
+
+
+@contextmanager
+def _process(argv: list[str], env: dict[str, str], log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            argv,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def _wait(predicate: Callable[[], bool], timeout_s: float, what: str, check: Callable[[], None]) -> float:
+    start = time.monotonic()
+    while not predicate():
+        check()
+        if time.monotonic() - start > timeout_s:
+            raise DemoError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        time.sleep(0.02)
+    return time.monotonic() - start
+
+
+def _get_json(url: str) -> dict[str, Any] | None:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            data: dict[str, Any] = orjson.loads(response.read())
+            return data
+    except OSError:
+        return None
+
+
+def _high_watermarks(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "freshkey-demo-watermarks"})
+    try:
+        return {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            for p in range(partitions)
+        }
+    finally:
+        consumer.close()
+
+
+def run_demo(
+    *,
+    changes: int,
+    rate: float,
+    rows: int = 500,
+    partitions: int = 4,
+    seed: int = 7,
+    workdir: Path | None = None,
+    progress: Progress | None = None,
+    catch_up_timeout_s: float = 180.0,
+) -> DemoResult:
+    if changes < 1 or rate <= 0 or rows < 1:
+        raise ValueError("changes, rate and rows must be positive")
+    progress = progress or Progress()
+    own_dir = workdir is None
+    root = Path(tempfile.mkdtemp(prefix="freshkey-demo-")) if workdir is None else workdir
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        with ExitStack() as stack:
+            progress.stage("starting MariaDB (binlog on), Redis and the Kafka broker")
+            db = stack.enter_context(LocalMariaDB(workdir=root / "mariadb"))
+            cache = stack.enter_context(LocalRedis(workdir=root / "redis"))
+            broker = stack.enter_context(LocalKafka(workdir=root / "kafka"))
+            admin = db.connect(admin=True)
+            stack.callback(admin.close)
+            with admin.cursor() as cur:
+                for statement in filter(str.strip, SCHEMA.split(";")):
+                    cur.execute(statement)
+            (root / "bindings.yaml").write_text(BINDINGS)
+            web_port = free_port()
+            env = {
+                **os.environ,
+                "FRESHKEY_MYSQL_HOST": db.host,
+                "FRESHKEY_MYSQL_PORT": str(db.port),
+                "FRESHKEY_MYSQL_USER": db.user,
+                "FRESHKEY_MYSQL_PASSWORD": db.password,
+                "FRESHKEY_KAFKA_BOOTSTRAP": broker.bootstrap,
+                "FRESHKEY_KAFKA_PARTITIONS": str(partitions),
+                "FRESHKEY_REDIS_URL": cache.url,
+                "FRESHKEY_REDIS_KEY_PREFIX": PREFIX,
+                "FRESHKEY_BINDINGS": str(root / "bindings.yaml"),
+                "FRESHKEY_CONNECTOR_CHECKPOINT_PATH": str(root / "checkpoint.json"),
+                "FRESHKEY_WORKER_DATA_DIR": str(root / "worker"),
+                "FRESHKEY_WORKER_WEB_PORT": str(web_port),
+            }
+            cli = [sys.executable, "-m", "pipeline"]
+            progress.stage("starting the connector and a worker")
+            connector = stack.enter_context(_process([*cli, "connector"], env, root / "connector.log"))
+            worker = stack.enter_context(_process([*cli, "worker"], env, root / "worker.log"))
+
+            def alive() -> None:
+                for name, proc in (("connector", connector), ("worker", worker)):
+                    if proc.poll() is not None:
+                        tail = (root / f"{name}.log").read_text(errors="replace")[-3000:]
+                        raise DemoError(f"the {name} exited with {proc.returncode}:\n{tail}")
+
+            checkpoint = CheckpointStore(root / "checkpoint.json")
+            _wait(lambda: checkpoint.path.exists(), 60, "the connector", alive)
+            stats_url = f"http://127.0.0.1:{web_port}/freshkey/stats"
+            _wait(lambda: _get_json(stats_url) is not None, 60, "the worker", alive)
+            progress.stage("warming up: one heartbeat through the whole path")
+            with admin.cursor() as cur:
+                cur.execute(f"REPLACE INTO {DATABASE}.heartbeat VALUES (1, UTC_TIMESTAMP(6))")
+            redis_sync = stack.enter_context(_redis_sync(cache.url))
+            _wait(
+                lambda: bool(redis_sync(f"{PREFIX}:{{{HEARTBEAT_NAMESPACE}}}:1")),
+                90,
+                "the first heartbeat",
+                alive,
+            )
+
+            progress.stage(f"driving {changes} changes at {rate:g}/s")
+            started = time.monotonic()
+            _drive(admin, changes=changes, rate=rate, rows=rows, seed=seed, progress=progress, check=alive)
+            drive_s = time.monotonic() - started
+
+            progress.stage("waiting for the pipeline to catch up")
+            with admin.cursor() as cur:
+                cur.execute("SHOW MASTER STATUS")
+                file, pos = cur.fetchone()[:2]
+
+            def connector_caught_up() -> bool:
+                position = checkpoint.load()
+                return position is not None and (position.file, position.pos) >= (file, pos)
+
+            _wait(connector_caught_up, catch_up_timeout_s, "the connector checkpoint", alive)
+            highs = _high_watermarks(broker.bootstrap, "freshkey.changes", partitions)
+
+            def worker_caught_up() -> bool:
+                stats = _get_json(stats_url) or {}
+                offsets = stats.get("offsets", {})
+                return all(
+                    high == 0 or offsets.get(f"freshkey.changes/{p}", -1) + 1 >= high
+                    for p, high in highs.items()
+                )
+
+            _wait(worker_caught_up, catch_up_timeout_s, "the worker", alive)
+            caught_up_s = time.monotonic() - started
+            stats = _get_json(stats_url) or {}
+
+            progress.stage("comparing every cache entry with the database")
+            report = _verify(db, cache.url)
+    finally:
+        if own_dir:
+            shutil.rmtree(root, ignore_errors=True)
+    outcomes = stats.get("outcomes", {})
+    lag = stats.get("lag_ms", {}).get(NAMESPACE, {})
+    return DemoResult(
+        changes=changes,
+        applied=int(outcomes.get("redis:applied", 0)) + int(outcomes.get("redis:tombstoned", 0)),
+        stale=report.stale,
+        missing=report.missing,
+        throughput_per_s=changes / caught_up_s,
+        drive_rate_per_s=changes / drive_s,
+        lag_ms={"p50": lag.get("p50"), "p99": lag.get("p99"), "max": lag.get("max")},
+        catch_up_s=caught_up_s - drive_s,
+        verify=report,
+    )
+
+
+@contextmanager
+def _redis_sync(url: str) -> Iterator[Callable[[str], bool]]:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        yield lambda key: bool(client.exists(key))
+    finally:
+        client.close()
+
+
+def _drive(
+    conn: Any,
+    *,
+    changes: int,
+    rate: float,
+    rows: int,
+    seed: int,
+    progress: Progress,
+    check: Callable[[], None],
+) -> None:
+    """Inserts, updates and deletes at ``rate`` per second, one autocommitted statement each."""
+    rng = random.Random(seed)
+    live: set[int] = set()
+    table = f"{DATABASE}.assets"
+    start = time.monotonic()
+    with conn.cursor() as cur:
+        for i in range(changes):
+            due = start + i / rate
+            delay = due - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            row_id = rng.randrange(rows)
+            if row_id not in live:
+                modality = rng.choice(MODALITIES)
+                cur.execute(
+                    f"INSERT INTO {table} VALUES (%s, %s, %s, %s, UTC_TIMESTAMP(6))",
+                    (row_id, modality, f"{modality} #{row_id} v0", rng.randbytes(32)),
+                )
+                live.add(row_id)
+            elif rng.random() < 0.2:
+                cur.execute(f"DELETE FROM {table} WHERE id = %s", (row_id,))
+                live.discard(row_id)
+            else:
+                cur.execute(
+                    f"UPDATE {table} SET content = %s, embedding = %s, updated_at = UTC_TIMESTAMP(6) "
+                    "WHERE id = %s",
+                    (f"content of {row_id} at change {i}", rng.randbytes(32), row_id),
+                )
+            if i % 50 == 0 or i == changes - 1:
+                progress.advance(i + 1, changes)
+                check()
+
+
+def _verify(db: LocalMariaDB, redis_url: str) -> VerifyReport:
+    bindings = parse_bindings(BINDINGS)
+    binding = bindings.for_table(DATABASE, "assets")
+    assert binding is not None
+    settings = MySQLSettings(host=db.host, port=db.port, user=db.user, password=db.password)
+
+    async def entries() -> Any:
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            return await read_namespace(client, PREFIX, NAMESPACE)
+        finally:
+            await client.aclose()
+
+    return verify_namespace(
+        binding,
+        list(read_table(settings, DATABASE, "assets")),
+        asyncio.run(entries()),
+        prefix=PREFIX,
+        key_columns=("id",),
+    )
+
+
+__all__ = ["DemoError", "DemoResult", "Progress", "pymysql", "run_demo"]

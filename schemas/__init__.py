@@ -1,0 +1,31 @@
+"""The language every part of freshkey speaks: events, bindings, versions, the wire codec. No I/O."""
+
+from schemas.bindings import Binding, BindingError, Bindings, parse_bindings
+from schemas.codec import DecodeError, decode, encode, encode_value, message_key, row_key
+from schemas.events import ChangeEvent, DdlEvent, DeadLetter, Op, Source
+from schemas.values import row_to_json, to_json_value
+from schemas.versions import VersionError, binlog_version, column_version, gtid_version
+
+__all__ = [
+    "Binding",
+    "BindingError",
+    "Bindings",
+    "ChangeEvent",
+    "DdlEvent",
+    "DeadLetter",
+    "DecodeError",
+    "Op",
+    "Source",
+    "VersionError",
+    "binlog_version",
+    "column_version",
+    "decode",
+    "encode",
+    "encode_value",
+    "gtid_version",
+    "message_key",
+    "parse_bindings",
+    "row_key",
+    "row_to_json",
+    "to_json_value",
+]

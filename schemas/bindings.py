@@ -1,0 +1,109 @@
+"""Bindings: which table feeds which cache namespace, and how its rows become cache entries.
+
+A bindings file (YAML or JSON) looks like::
+
+    bindings:
+      - table: shop.assets            # database.table
+        namespace: assets             # cache namespace (Redis hash tag)
+        key_columns: [id]             # default: the table's primary key
+        value_columns: [modality, content, embedding]   # default: every column
+        version_column: updated_at    # default: the event's version (binlog coordinates)
+        commit_time_column: updated_at  # a UTC DATETIME(6) set at commit; default: binlog time
+
+Parsing the text is here (pure); reading the file is the caller's job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import orjson
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+_IDENT = r"^[A-Za-z0-9_$-]+$"
+
+
+class BindingError(ValueError):
+    """The bindings are invalid; the message names the binding and the field."""
+
+
+class Binding(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    table: str = Field(description="database.table")
+    namespace: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", max_length=200)
+    key_columns: tuple[str, ...] | None = None
+    value_columns: tuple[str, ...] | None = None
+    version_column: str | None = None
+    commit_time_column: str | None = None
+
+    @field_validator("table")
+    @classmethod
+    def _qualified(cls, value: str) -> str:
+        parts = value.split(".")
+        if len(parts) != 2 or not all(parts):
+            raise ValueError(f"table must be written database.table, got {value!r}")
+        return value
+
+    @field_validator("key_columns", "value_columns")
+    @classmethod
+    def _non_empty(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if value is not None and (not value or len(set(value)) != len(value)):
+            raise ValueError("must be a non-empty list of distinct column names")
+        return value
+
+    @property
+    def database(self) -> str:
+        return self.table.split(".", 1)[0]
+
+    @property
+    def table_name(self) -> str:
+        return self.table.split(".", 1)[1]
+
+
+class Bindings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    bindings: tuple[Binding, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique(self) -> Bindings:
+        for attr in ("table", "namespace"):
+            seen: set[str] = set()
+            for binding in self.bindings:
+                value = getattr(binding, attr)
+                if value in seen:
+                    raise ValueError(f"{attr} {value!r} is bound twice")
+                seen.add(value)
+        return self
+
+    def for_table(self, database: str, table: str) -> Binding | None:
+        return self._by_table.get((database, table))
+
+    @property
+    def _by_table(self) -> Mapping[tuple[str, str], Binding]:
+        cached: dict[tuple[str, str], Binding] | None = self.__dict__.get("_index")
+        if cached is None:
+            cached = {(b.database, b.table_name): b for b in self.bindings}
+            self.__dict__["_index"] = cached
+        return cached
+
+    def tables(self) -> Iterable[tuple[str, str]]:
+        return self._by_table.keys()
+
+
+def parse_bindings(text: str | bytes, *, source: str = "<bindings>") -> Bindings:
+    """Parse a YAML or JSON bindings document; raises :class:`BindingError` saying what to fix."""
+    try:
+        data: Any = orjson.loads(text) if text.lstrip()[:1] in ("{", b"{") else yaml.safe_load(text)
+    except (orjson.JSONDecodeError, yaml.YAMLError) as exc:
+        raise BindingError(f"{source}: not valid YAML/JSON: {exc}") from None
+    if isinstance(data, list):
+        data = {"bindings": data}
+    try:
+        return Bindings.model_validate(data)
+    except ValidationError as exc:
+        lines = [f"  {'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors(include_url=False)]
+        raise BindingError(f"{source}: invalid bindings:\n" + "\n".join(lines)) from None
