@@ -6,6 +6,7 @@ the tiers and records the outcomes.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
@@ -56,14 +57,14 @@ def event_version(binding: Binding, event: ChangeEvent) -> int:
 
 
 def commit_time_us(binding: Binding, event: ChangeEvent) -> tuple[int, bool]:
-    """Commit time in µs and whether it is coarse (the binlog's one-second timestamp)."""
-    if binding.commit_time_column is None:
-        return event.commit_ts_us, event.commit_ts_coarse
-    image = event.after if event.after is not None else event.before
-    assert image is not None
-    value = _column(image, binding.commit_time_column, "commit time", event)
-    import datetime as dt
+    """Commit time in µs and whether it is coarse (the binlog's one-second timestamp).
 
+    The binding's commit time column is read from the after image; a delete has none (its before image
+    holds the time of the previous change), so a delete falls back to the binlog timestamp.
+    """
+    if binding.commit_time_column is None or event.after is None:
+        return event.commit_ts_us, event.commit_ts_coarse
+    value = _column(event.after, binding.commit_time_column, "commit time", event)
     try:
         return datetime_to_us(dt.datetime.fromisoformat(value)), False
     except (TypeError, ValueError):

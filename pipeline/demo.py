@@ -81,6 +81,7 @@ class DemoResult:
     throughput_per_s: float
     drive_rate_per_s: float
     lag_ms: dict[str, Any]
+    stages_ms: dict[str, Any]
     catch_up_s: float
     verify: VerifyReport
 
@@ -94,6 +95,7 @@ class DemoResult:
             "drive_rate_per_s": round(self.drive_rate_per_s, 1),
             "catch_up_s": round(self.catch_up_s, 3),
             "lag_ms": {k: (round(v, 3) if isinstance(v, float) else v) for k, v in self.lag_ms.items()},
+            "stages_ms": self.stages_ms,
             "verify": {
                 "rows": self.verify.rows,
                 "entries": self.verify.entries,
@@ -284,6 +286,7 @@ def run_demo(
         throughput_per_s=changes / caught_up_s,
         drive_rate_per_s=changes / drive_s,
         lag_ms={"p50": lag.get("p50"), "p99": lag.get("p99"), "max": lag.get("max")},
+        stages_ms=stats.get("stages_ms", {}),
         catch_up_s=caught_up_s - drive_s,
         verify=report,
     )

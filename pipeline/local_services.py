@@ -1,7 +1,8 @@
 """Private, throw-away servers for the test harness and ``freshkey demo``.
 
 Each class starts one real server as a child process of this Python process, on 127.0.0.1 and a free
-port, and waits until it answers a real request before ``start()`` returns:
+port, and waits until that very server answers a real request before ``start()`` returns (a server
+that took the port meanwhile is told apart by its datadir, process id or cluster id):
 
 - :class:`LocalMariaDB`: ``mariadbd`` with a ROW binlog (``binlog_row_image=FULL``,
   ``binlog_row_metadata=FULL``), an admin account (``root``, empty password) and a ``freshkey``
@@ -24,12 +25,13 @@ Guarantees shared by the three:
   left running.
 
 Measured on the development machine (2 cores, Debian 12, MariaDB 10.11.19, Redis 7.0.15, Tansu 0.6.0),
-ten start/stop cycles of each class, wall time of ``start()`` (min / median / max) and ``stop()``:
+two runs of ten start/stop cycles of each class, wall time of ``start()`` (min / median / max) and
+``stop()``:
 
-- LocalMariaDB: start 0.77 / 0.89 / 1.94 s, ``mariadb-install-db`` (about 0.55 s of it) included;
-  stop about 0.06 s;
+- LocalMariaDB: start 0.77 / 0.83-0.89 / 0.94-1.94 s, ``mariadb-install-db`` (0.51-0.60 s when run
+  alone) included; stop 0.04-0.07 s;
 - LocalRedis: start about 0.055 s, stop about 0.065 s;
-- LocalKafka: start 0.058 / 0.062 / 0.163 s (one metadata request included), stop about 0.002 s with
+- LocalKafka: start 0.058 / 0.06 / 0.13-0.16 s (one metadata request included), stop about 0.002 s with
   no client connected; with a client still connected Tansu takes 5.0 s to exit on SIGTERM, hence the
   1 s grace of :meth:`LocalKafka.stop`.
 """
@@ -656,6 +658,7 @@ class LocalKafka(_LocalService):
     def _launch(self) -> None:
         url = f"tcp://{HOST}:{self.port}"
         env = {k: v for k, v in os.environ.items() if k not in _TANSU_ENV}
+        env["NO_COLOR"] = "1"  # plain text in kafka.out (Tansu colours its log lines otherwise)
         self._spawn(
             [
                 self._binary,

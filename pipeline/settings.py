@@ -21,6 +21,9 @@ class WorkerSettings(BaseSettings):
     batch_within_ms: float = Field(5.0, gt=0, description="Longest wait to fill a batch.")
     session_timeout_s: float = Field(10.0, gt=0)
     commit_interval_s: float = Field(1.0, gt=0)
+    fetch_max_wait_ms: int = Field(
+        10, ge=1, le=30_000, description="Longest a Kafka fetch waits for data (latency vs idle requests)."
+    )
 
 
 class BindingSettings(BaseSettings):

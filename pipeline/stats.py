@@ -21,6 +21,14 @@ class WorkerStats:
     started_at: float = field(default_factory=time.time)
     lag_ms: dict[str, deque[float]] = field(default_factory=dict)
     coarse_lag_samples: Counter[str] = field(default_factory=Counter)
+    stages: dict[str, deque[float]] = field(default_factory=dict)
+
+    def record_stage(self, stage: str, ms: float) -> None:
+        """Time spent in one stage of the path (connector clock in ms, so +-1 ms)."""
+        samples = self.stages.get(stage)
+        if samples is None:
+            samples = self.stages[stage] = deque(maxlen=self.max_samples)
+        samples.append(ms)
 
     def record_lag(self, namespace: str, lag_ms: float, *, coarse: bool) -> None:
         """Commit-to-cache lag of one change; coarse ones (1 s binlog clock) are only counted."""
@@ -44,6 +52,7 @@ class WorkerStats:
             "outcomes": dict(self.outcomes),
             "lag_ms": {ns: summarize(samples) for ns, samples in self.lag_ms.items()},
             "coarse_lag_samples": dict(self.coarse_lag_samples),
+            "stages_ms": {stage: summarize(samples) for stage, samples in self.stages.items()},
             "offsets": dict(self.offsets),
         }
 

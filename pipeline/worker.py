@@ -19,6 +19,7 @@ from tenacity import AsyncRetrying, before_sleep_log, retry_if_exception_type, w
 from cache_writer import CacheAction, CacheTier, Outcome, RedisSettings, RedisTier, TierUnavailableError
 from connectors.settings import KafkaSettings
 from pipeline.apply import BindError, commit_time_us, plan
+from pipeline.faust_app import FreshkeyApp
 from pipeline.settings import WorkerSettings
 from pipeline.stats import WorkerStats
 from schemas import Bindings, ChangeEvent, DecodeError, decode, encode
@@ -93,6 +94,9 @@ class ChangeProcessor:
             assert binding is not None
             commit_us, coarse = commit_time_us(binding, event)
             self.stats.record_lag(binding.namespace, (now_us - commit_us) / 1000, coarse=coarse)
+            if not coarse:
+                self.stats.record_stage("commit->connector", event.ts_ms - commit_us / 1000)
+            self.stats.record_stage("connector->applied", now_us / 1000 - event.ts_ms)
             self.stats.events[event.op] += 1
 
 
@@ -102,8 +106,9 @@ def create_app(
     redis: RedisSettings,
     bindings: Bindings,
 ) -> tuple[faust.App, ChangeProcessor]:
-    app = faust.App(
+    app = FreshkeyApp(
         worker.app_id,
+        fetch_max_wait_ms=worker.fetch_max_wait_ms,
         broker=f"kafka://{kafka.bootstrap}",
         value_serializer="raw",
         key_serializer="raw",

@@ -141,6 +141,19 @@ def test_redis_on_a_taken_port_raises_with_log_tail_and_leaves_nothing() -> None
     assert not server.running
 
 
+@pytest.mark.integration
+@pytest.mark.parametrize("cls", [LocalMariaDB, LocalRedis, LocalKafka])
+def test_second_server_on_a_taken_port_fails_instead_of_using_the_first(
+    cls: type[LocalMariaDB] | type[LocalRedis] | type[LocalKafka],
+) -> None:
+    with cls() as first:
+        second = cls(port=first.port)
+        with pytest.raises(ServiceStartError, match="exited with status"):
+            second.start()
+        assert second.pid is None
+        assert first.running
+
+
 # --- Kafka (Tansu) -------------------------------------------------------------------------------------
 
 
