@@ -17,7 +17,7 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
     def _create_worker_consumer(self, transport: Any) -> Any:
         consumer = super()._create_worker_consumer(transport)
-        consumer._fetch_max_wait_ms = self.app.fetch_max_wait_ms
+        consumer._fetch_max_wait_ms = self.app.fetch_max_wait_ms  # type: ignore[attr-defined]
         return consumer
 
 
