@@ -39,14 +39,17 @@ class CheckpointStore:
     def load(self) -> BinlogPosition | None:
         try:
             data = json.loads(self.path.read_text())
+            gtid = data.get("gtid")
+            return BinlogPosition(
+                file=str(data["file"]), pos=int(data["pos"]), gtid=str(gtid) if gtid is not None else None
+            )
         except FileNotFoundError:
             return None
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ValueError(
-                f"checkpoint file {self.path} is unreadable ({exc}); move it away to restart "
+                f"checkpoint file {self.path} is unreadable ({exc!r}); move it away to restart "
                 "from the current binlog position, or fix it"
             ) from None
-        return BinlogPosition(file=str(data["file"]), pos=int(data["pos"]), gtid=data.get("gtid"))
 
     def save(self, position: BinlogPosition) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)

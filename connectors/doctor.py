@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pymysql
@@ -129,20 +130,31 @@ def _compression_check(flavor: str, var: dict[str, str]) -> Check:
     )
 
 
-def _grants(cur: pymysql.cursors.Cursor) -> str:
+def _grants(cur: pymysql.cursors.Cursor) -> list[str]:
     cur.execute("SHOW GRANTS FOR CURRENT_USER()")
-    return " ".join(str(row[0]) for row in cur.fetchall()).upper()
+    return [str(row[0]) for row in cur.fetchall()]
 
 
 _REPLICATION_CLIENT = ("REPLICATION CLIENT", "BINLOG MONITOR", "SUPER")
 
 
-def _privilege_checks(grants: str, user: str) -> list[Check]:
-    global_grants = " ".join(re.findall(r"GRANT (.*?) ON \*\.\*", grants))
-    has_all = "ALL PRIVILEGES" in global_grants
+_GLOBAL_GRANT = re.compile(r"^GRANT (.+?) ON \*\.\* TO ", re.IGNORECASE)
+
+
+def _privilege_checks(grant_rows: Sequence[str], user: str) -> list[Check]:
+    """Global privileges from SHOW GRANTS rows (one statement each), compared as whole names.
+
+    Privileges reached through a role are not followed: grant them to the user directly.
+    """
+    privileges: set[str] = set()
+    for row in grant_rows:
+        match = _GLOBAL_GRANT.match(row.strip())
+        if match:
+            privileges.update(p.strip().upper() for p in match.group(1).split(","))
+    global_grants = ", ".join(sorted(privileges - {"USAGE"}))
 
     def has(*names: str) -> bool:
-        return has_all or any(n in global_grants for n in names)
+        return "ALL PRIVILEGES" in privileges or any(n in privileges for n in names)
 
     grant = f"GRANT SELECT, REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO '{user}'@'%'"
     return [

@@ -34,7 +34,7 @@ class MySQLSettings(BaseSettings):
             "host": self.host,
             "port": self.port,
             "user": self.user,
-            "passwd": self.password.get_secret_value(),
+            "password": self.password.get_secret_value(),
             "connect_timeout": int(self.connect_timeout_s),
         }
 

@@ -40,9 +40,15 @@ def _key(binding: Binding, event: ChangeEvent, image: Mapping[str, Any], prefix:
 
 
 def _value(binding: Binding, event: ChangeEvent, image: Mapping[str, Any]) -> bytes:
-    if binding.value_columns is None:
-        return encode_value(image)
-    return encode_value({c: _column(image, c, "value", event) for c in binding.value_columns})
+    projected = (
+        image
+        if binding.value_columns is None
+        else {c: _column(image, c, "value", event) for c in binding.value_columns}
+    )
+    try:
+        return encode_value(projected)
+    except TypeError as exc:  # e.g. an integer beyond 64 bits
+        raise BindError(f"value of {event.source.db}.{event.source.table} cannot be cached: {exc}") from None
 
 
 def event_version(binding: Binding, event: ChangeEvent) -> int:

@@ -76,5 +76,5 @@ def row_key(values: Sequence[KeyValue]) -> str:
 
 
 def message_key(db: str, table: str, key: Mapping[str, KeyValue]) -> bytes:
-    """Kafka message key of a row's changes: ``db.table/<row key>`` (one row -> one partition)."""
-    return f"{quote(db, safe='')}.{quote(table, safe='')}/{row_key(list(key.values()))}".encode()
+    """Kafka message key of a row's changes: ``db/table/<row key>``, each part percent-encoded."""
+    return f"{quote(db, safe='')}/{quote(table, safe='')}/{row_key(list(key.values()))}".encode()

@@ -47,7 +47,7 @@ def to_json_value(value: object) -> JsonValue:
     if isinstance(value, dt.timedelta):
         return _format_time(value)
     if isinstance(value, Decimal):
-        return str(value)
+        return format(value, "f")
     if isinstance(value, set | frozenset):
         return sorted(str(v) for v in value)
     if isinstance(value, Mapping):

@@ -62,9 +62,13 @@ def binlog_version(file: str, end_pos: int, row: int) -> int:
 def gtid_sequence(gtid: str) -> int:
     """The transaction sequence number of a MariaDB (``0-1-42``) or MySQL (``uuid:42``) GTID."""
     tail = gtid.rsplit(":", 1)[1] if ":" in gtid else gtid.rsplit("-", 1)[-1]
-    if not tail.isdigit():
+    if not _is_decimal(tail):
         raise VersionError(f"cannot read a sequence number from GTID {gtid!r}")
     return int(tail)
+
+
+def _is_decimal(text: str) -> bool:
+    return text.isascii() and text.isdecimal()
 
 
 def gtid_version(gtid: str, ordinal: int) -> int:
@@ -86,14 +90,17 @@ def column_version(value: object) -> int:
             raise VersionError(f"version column value {value} is not an unsigned 64-bit integer")
         return value
     if isinstance(value, str):
-        if value.isdigit():
+        if _is_decimal(value):
             return column_version(int(value))
         try:
             value = dt.datetime.fromisoformat(value)
         except ValueError:
             raise VersionError(f"version column value {value!r} is not an integer or a datetime") from None
     if isinstance(value, dt.datetime):
-        return datetime_to_us(value)
+        micros = datetime_to_us(value)
+        if micros < 0:
+            raise VersionError(f"version column value {value.isoformat()} is before 1970-01-01 (UTC)")
+        return micros
     raise VersionError(f"version column value of type {type(value).__name__} is not usable")
 
 

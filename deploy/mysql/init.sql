@@ -1,0 +1,26 @@
+-- Runs once, on the first start of the mysql service (empty data volume), from
+-- /docker-entrypoint-initdb.d. The image has already created the `freshkey` user from MYSQL_USER /
+-- MYSQL_PASSWORD (the same FRESHKEY_MYSQL_PASSWORD the connector uses), so CREATE USER IF NOT EXISTS
+-- is a no-op there; it only matters when this file is run by hand against another server (then
+-- change the password and set FRESHKEY_MYSQL_PASSWORD to match).
+
+CREATE USER IF NOT EXISTS 'freshkey'@'%' IDENTIFIED BY 'freshkey';
+
+-- What `freshkey doctor` checks for: read the binlog as a replica, read rows for the verifier.
+GRANT SELECT, REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO 'freshkey'@'%';
+
+-- The sample multimodal table and the heartbeat table (same schema as pipeline/demo.py SCHEMA).
+CREATE DATABASE IF NOT EXISTS freshkey_demo;
+
+CREATE TABLE IF NOT EXISTS freshkey_demo.assets (
+  id INT PRIMARY KEY,
+  modality VARCHAR(16) NOT NULL,
+  content TEXT NOT NULL,
+  embedding BLOB,
+  updated_at DATETIME(6) NOT NULL
+);
+
+CREATE TABLE IF NOT EXISTS freshkey_demo.heartbeat (
+  id INT PRIMARY KEY,
+  beat_at DATETIME(6) NOT NULL
+);

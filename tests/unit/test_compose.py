@@ -1,0 +1,840 @@
+"""docker-compose.yml, checked against the code it deploys (no Docker engine here: nothing calls docker).
+
+The stack cannot be started on these machines, so this test reads the compose file the way Compose
+would (YAML, merge keys, ``${VAR:-default}`` interpolation with no overrides set) and checks what would
+otherwise only fail after ``docker compose up``: every ``FRESHKEY_*`` variable names a real setting (the
+set of names is built from the pydantic-settings classes, so renaming a setting breaks this test), the
+values parse, the services point at each other, MySQL has the binlog settings ``freshkey doctor``
+demands, the bindings file is the demo's, only 127.0.0.1 is published, and the referenced files exist.
+
+Each check is a function that returns a list of problems; the negative tests feed broken copies of the
+compose file to the same functions and assert that the problem is reported.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import os
+import re
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+from packaging.specifiers import SpecifierSet
+from pydantic import ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from cache_writer.settings import RedisSettings
+from connectors.settings import ConnectorSettings, KafkaSettings, MySQLSettings
+from pipeline import demo
+from pipeline.settings import BindingSettings, WorkerSettings
+from schemas import BindingError, parse_bindings
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+COMPOSE_PATH = REPO_ROOT / "docker-compose.yml"
+
+SETTINGS_CLASSES: tuple[type[BaseSettings], ...] = (
+    MySQLSettings,
+    KafkaSettings,
+    ConnectorSettings,
+    RedisSettings,
+    WorkerSettings,
+    BindingSettings,
+)
+REQUIRED_SERVICES = ("mysql", "kafka", "redis", "connector", "worker")
+APP_SERVICES = ("connector", "worker")
+
+Compose = dict[str, Any]
+Problems = list[str]
+
+
+# --- reading the compose file like Compose does --------------------------------------------------------
+
+_VARIABLE = re.compile(
+    r"\$(?:(?P<escaped>\$)"
+    r"|\{(?P<braced>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?+])(?P<arg>[^}]*))?\}"
+    r"|(?P<plain>[A-Za-z_][A-Za-z0-9_]*))"
+)
+
+
+def interpolate(text: str, env: Mapping[str, str]) -> str:
+    """Compose's variable substitution: ``$$``, ``$VAR``, ``${VAR}``, ``${VAR:-d}``, ``${VAR-d}``, ..."""
+
+    def substitute(match: re.Match[str]) -> str:
+        if match["escaped"]:
+            return "$"
+        name = match["braced"] or match["plain"]
+        value, op, arg = env.get(name), match["op"], match["arg"] or ""
+        # With a colon, an empty value counts as unset (as in Compose and the shell).
+        missing = value is None or (value == "" and op is not None and op.startswith(":"))
+        if op in (":-", "-"):
+            return arg if missing else str(value)
+        if op in (":?", "?"):
+            if missing:
+                raise ValueError(f"{text!r}: ${{{name}}} is required ({arg})")
+            return str(value)
+        if op in (":+", "+"):
+            return "" if missing else arg
+        return value or ""
+
+    return _VARIABLE.sub(substitute, text)
+
+
+def _interpolated(node: Any, env: Mapping[str, str]) -> Any:
+    if isinstance(node, str):
+        return interpolate(node, env)
+    if isinstance(node, dict):
+        return {key: _interpolated(value, env) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_interpolated(value, env) for value in node]
+    return node
+
+
+def load_compose(path: Path = COMPOSE_PATH, env: Mapping[str, str] | None = None) -> Compose:
+    """The compose file as Compose sees it with ``env`` (by default: no overrides, every default used)."""
+    data = yaml.safe_load(path.read_text())
+    assert isinstance(data, dict), f"{path}: not a YAML mapping"
+    result: Compose = _interpolated(data, env or {})
+    return result
+
+
+def services(compose: Compose) -> dict[str, dict[str, Any]]:
+    found = compose.get("services") or {}
+    assert isinstance(found, dict), "`services:` is not a mapping"
+    return found
+
+
+def environment(service: Mapping[str, Any]) -> dict[str, str | None]:
+    """A service's environment, from either form (mapping, or a list of ``KEY=VALUE``)."""
+    raw = service.get("environment") or {}
+    if isinstance(raw, list):
+        pairs = [item.split("=", 1) if "=" in item else [item, None] for item in raw]
+        return {str(k): v for k, v in pairs}
+    return {str(k): (None if v is None else str(v)) for k, v in raw.items()}
+
+
+def command_args(service: Mapping[str, Any]) -> list[str]:
+    command = service.get("command") or []
+    return command.split() if isinstance(command, str) else [str(arg) for arg in command]
+
+
+def mysqld_options(service: Mapping[str, Any]) -> dict[str, str]:
+    """``--binlog-format=ROW`` -> ``{"binlog_format": "ROW"}`` (MySQL treats - and _ alike)."""
+    options: dict[str, str] = {}
+    for arg in command_args(service):
+        if arg.startswith("--"):
+            name, _, value = arg[2:].partition("=")
+            options[name.replace("-", "_").lower()] = value if value else "ON"
+    return options
+
+
+def published_ports(service: Mapping[str, Any]) -> list[tuple[str | None, str]]:
+    """(host ip or None for all interfaces, container port) of each ``ports:`` entry, either syntax."""
+    result: list[tuple[str | None, str]] = []
+    for entry in service.get("ports") or []:
+        if isinstance(entry, dict):
+            result.append((entry.get("host_ip"), str(entry.get("target")).split("/")[0]))
+            continue
+        text = str(entry).split("/")[0]
+        parts = text.rsplit(":", 2)
+        host_ip = parts[0] if len(parts) == 3 and parts[0] else None
+        result.append((host_ip, parts[-1]))
+    return result
+
+
+def volume_mounts(service: Mapping[str, Any]) -> list[tuple[str, str, bool]]:
+    """(source, target, read-only) of each ``volumes:`` entry, either syntax."""
+    mounts: list[tuple[str, str, bool]] = []
+    for entry in service.get("volumes") or []:
+        if isinstance(entry, dict):
+            mounts.append((str(entry.get("source", "")), str(entry["target"]), bool(entry.get("read_only"))))
+            continue
+        source, _, rest = str(entry).partition(":")
+        target, _, mode = rest.partition(":")
+        mounts.append((source, target, "ro" in mode.split(",")))
+    return mounts
+
+
+def is_bind_mount(source: str) -> bool:
+    return source.startswith(("./", "../", "/", "~"))
+
+
+def host_path(source: str) -> Path:
+    return (COMPOSE_PATH.parent / source).resolve()
+
+
+# --- the settings the code really has -----------------------------------------------------------------
+
+
+def settings_env_names() -> dict[str, type[BaseSettings]]:
+    """Every ``FRESHKEY_*`` variable some settings class reads -> that class."""
+    names: dict[str, type[BaseSettings]] = {}
+    for cls in SETTINGS_CLASSES:
+        prefix = str(cls.model_config.get("env_prefix", ""))
+        for field in cls.model_fields:
+            names[f"{prefix}{field}".upper()] = cls
+    return names
+
+
+def effective_env(service: Mapping[str, Any], name: str, cls: type[BaseSettings], field: str) -> str:
+    """The value the service's process sees for ``name``: its environment, else the field's default."""
+    value = environment(service).get(name)
+    return str(cls.model_fields[field].default) if value is None else value
+
+
+# --- the checks -----------------------------------------------------------------------------------------
+
+
+def check_services(compose: Compose) -> Problems:
+    problems = [f"service {name!r} is missing" for name in REQUIRED_SERVICES if name not in services(compose)]
+    for name in APP_SERVICES:
+        service = services(compose).get(name)
+        if service is None:
+            continue
+        want = ["freshkey", name]
+        if command_args(service) != want:
+            problems.append(f"{name}: command is {command_args(service)}, want {want}")
+        if service.get("restart") != "unless-stopped":
+            problems.append(f"{name}: restart is {service.get('restart')!r}, want 'unless-stopped'")
+        depends = service.get("depends_on") or {}
+        for dependency in ("mysql", "kafka", "redis"):
+            condition = depends.get(dependency, {}).get("condition") if isinstance(depends, dict) else None
+            if condition != "service_healthy":
+                problems.append(
+                    f"{name}: depends_on {dependency} has condition {condition!r}, want 'service_healthy'"
+                )
+            elif "healthcheck" not in services(compose).get(dependency, {}):
+                problems.append(f"{name} waits for {dependency} to be healthy but it has no healthcheck")
+    return problems
+
+
+def check_mysql_binlog(compose: Compose) -> Problems:
+    """The server settings ``freshkey doctor`` requires (connectors/doctor.py), set on the command line."""
+    options = mysqld_options(services(compose).get("mysql", {}))
+    problems: Problems = []
+    if "log_bin" not in options or options.get("skip_log_bin") or options.get("disable_log_bin"):
+        problems.append("mysql: binlog not enabled: add --log-bin=binlog to its command")
+    want = {"binlog_format": "ROW", "binlog_row_image": "FULL", "binlog_row_metadata": "FULL"}
+    for option, value in want.items():
+        found = options.get(option)
+        if found is None or found.upper() != value:
+            flag = "--" + option.replace("_", "-")
+            problems.append(f"mysql: {flag} is {found!r}, freshkey doctor wants {flag}={value}")
+    server_id = options.get("server_id", "")
+    if not server_id.isdigit() or int(server_id) == 0:
+        problems.append(f"mysql: --server-id is {server_id or None!r}: set a non-zero id")
+    for option in ("binlog_transaction_compression", "log_bin_compress"):
+        if option in options and options[option].upper() not in ("OFF", "0"):
+            problems.append(
+                f"mysql: --{option.replace('_', '-')}={options[option]}: compressed binlog events "
+                "cannot be decoded; remove it or set it OFF"
+            )
+    return problems
+
+
+def check_env_names(compose: Compose) -> Problems:
+    """Every FRESHKEY_* variable in any service names a field of one of the settings classes."""
+    valid = settings_env_names()
+    problems: Problems = []
+    for name, service in services(compose).items():
+        for variable in environment(service):
+            if variable.upper().startswith("FRESHKEY_") and variable not in valid:
+                close = [v for v in valid if v.split("_")[:2] == variable.split("_")[:2]]
+                problems.append(
+                    f"{name}: {variable} is not a freshkey setting (no settings class reads it); "
+                    f"settings with that prefix: {', '.join(sorted(close)) or 'none'}"
+                )
+    for name in APP_SERVICES:
+        if name in services(compose) and "FRESHKEY_BINDINGS" not in environment(services(compose)[name]):
+            problems.append(f"{name}: FRESHKEY_BINDINGS is not set (the default path is not mounted)")
+    return problems
+
+
+def check_env_values(compose: Compose, monkeypatch: pytest.MonkeyPatch) -> Problems:
+    """Each app service's environment, set for real, makes every settings class validate."""
+    problems: Problems = []
+    for name in APP_SERVICES:
+        env = environment(services(compose).get(name, {}))
+        with monkeypatch.context() as patch:
+            for variable in [v for v in os.environ if v.upper().startswith("FRESHKEY_")]:
+                patch.delenv(variable)
+            for variable, value in env.items():
+                if value is not None:
+                    patch.setenv(variable, value)
+            for cls in SETTINGS_CLASSES:
+                try:
+                    cls()
+                except ValidationError as exc:
+                    prefix = str(cls.model_config.get("env_prefix", ""))
+                    for error in exc.errors(include_url=False):
+                        variable = f"{prefix}{error['loc'][0]}".upper()
+                        problems.append(f"{name}: {variable}={error.get('input')!r}: {error['msg']}")
+    return problems
+
+
+def check_wiring(compose: Compose) -> Problems:
+    """The apps point at the mysql service, the kafka service's internal listener, the redis service."""
+    problems: Problems = []
+    svc = services(compose)
+    kafka_env = environment(svc.get("kafka", {}))
+    advertised = _listeners(kafka_env.get("KAFKA_ADVERTISED_LISTENERS"))
+    bound = _listeners(kafka_env.get("KAFKA_LISTENERS"))
+    protocols = dict(
+        item.split(":", 1)
+        for item in (kafka_env.get("KAFKA_LISTENER_SECURITY_PROTOCOL_MAP") or "").split(",")
+    )
+    mysql_port = mysqld_options(svc.get("mysql", {})).get("port", "3306")
+    redis_args = command_args(svc.get("redis", {}))
+    redis_port = redis_args[redis_args.index("--port") + 1] if "--port" in redis_args else "6379"
+    for name in APP_SERVICES:
+        service = svc.get(name, {})
+        host = effective_env(service, "FRESHKEY_MYSQL_HOST", MySQLSettings, "host")
+        port = effective_env(service, "FRESHKEY_MYSQL_PORT", MySQLSettings, "port")
+        if (host, port) != ("mysql", mysql_port):
+            problems.append(
+                f"{name}: FRESHKEY_MYSQL_HOST/PORT is {host}:{port}, "
+                f"want the mysql service, mysql:{mysql_port}"
+            )
+        bootstrap = effective_env(service, "FRESHKEY_KAFKA_BOOTSTRAP", KafkaSettings, "bootstrap")
+        for address in bootstrap.split(","):
+            listener = next((n for n, hp in advertised.items() if hp == address.strip()), None)
+            if listener is None or not address.startswith("kafka:"):
+                problems.append(
+                    f"{name}: FRESHKEY_KAFKA_BOOTSTRAP={bootstrap} is not an advertised listener of the "
+                    f"kafka service on its service name (advertised: {advertised})"
+                )
+            elif listener not in bound or bound[listener].split(":")[-1] != address.split(":")[-1]:
+                problems.append(
+                    f"{name}: kafka listener {listener} advertised as {address} but not bound there"
+                )
+            elif protocols.get(listener) != "PLAINTEXT":
+                problems.append(
+                    f"{name}: kafka listener {listener} is {protocols.get(listener)}, not PLAINTEXT"
+                )
+        url = urlsplit(effective_env(service, "FRESHKEY_REDIS_URL", RedisSettings, "url"))
+        if url.scheme != "redis" or url.hostname != "redis" or str(url.port or 6379) != redis_port:
+            problems.append(
+                f"{name}: FRESHKEY_REDIS_URL={url.geturl()} does not point at the redis service "
+                f"(redis://redis:{redis_port}/0)"
+            )
+    return problems
+
+
+def _listeners(spec: str | None) -> dict[str, str]:
+    """``PLAINTEXT://kafka:9092,HOST://...`` -> ``{"PLAINTEXT": "kafka:9092", ...}``."""
+    result: dict[str, str] = {}
+    for item in filter(None, (spec or "").split(",")):
+        listener, _, address = item.strip().partition("://")
+        result[listener] = address
+    return result
+
+
+def check_server_ids(compose: Compose) -> Problems:
+    """The connector registers as a replica: its id must differ from the server's (doctor's check)."""
+    server_id = mysqld_options(services(compose).get("mysql", {})).get("server_id")
+    problems: Problems = []
+    for name in APP_SERVICES:
+        replica_id = effective_env(
+            services(compose).get(name, {}), "FRESHKEY_MYSQL_SERVER_ID", MySQLSettings, "server_id"
+        )
+        if replica_id == server_id:
+            problems.append(
+                f"{name}: FRESHKEY_MYSQL_SERVER_ID={replica_id} equals the mysql --server-id={server_id}; "
+                "the binlog reader needs an id no server or replica uses"
+            )
+    return problems
+
+
+def check_ports(compose: Compose) -> Problems:
+    """Every published port binds 127.0.0.1; the worker publishes its web port and listens on it."""
+    problems: Problems = []
+    for name, service in services(compose).items():
+        for host_ip, container_port in published_ports(service):
+            if host_ip != "127.0.0.1":
+                problems.append(
+                    f"{name}: port {container_port} is published on {host_ip or 'every interface'}, "
+                    "want 127.0.0.1 only"
+                )
+    worker = services(compose).get("worker", {})
+    web_port = effective_env(worker, "FRESHKEY_WORKER_WEB_PORT", WorkerSettings, "web_port")
+    if web_port not in [port for _, port in published_ports(worker)]:
+        problems.append(
+            f"worker: FRESHKEY_WORKER_WEB_PORT={web_port} but the published container ports are "
+            f"{[port for _, port in published_ports(worker)]}"
+        )
+    web_bind = effective_env(worker, "FRESHKEY_WORKER_WEB_BIND", WorkerSettings, "web_bind")
+    if web_bind != "0.0.0.0":
+        problems.append(
+            f"worker: FRESHKEY_WORKER_WEB_BIND={web_bind}: inside the container it must be 0.0.0.0, "
+            "or the published port reaches nothing"
+        )
+    return problems
+
+
+def check_kafka(compose: Compose) -> Problems:
+    kafka_env = environment(services(compose).get("kafka", {}))
+    problems: Problems = []
+    auto_create = kafka_env.get("KAFKA_AUTO_CREATE_TOPICS_ENABLE")
+    if str(auto_create).lower() != "false":
+        problems.append(
+            f"kafka: KAFKA_AUTO_CREATE_TOPICS_ENABLE={auto_create!r}, want 'false' "
+            "(freshkey creates its topics with the configured partition count)"
+        )
+    roles = set((kafka_env.get("KAFKA_PROCESS_ROLES") or "").split(","))
+    if roles != {"broker", "controller"}:
+        problems.append(
+            f"kafka: KAFKA_PROCESS_ROLES={kafka_env.get('KAFKA_PROCESS_ROLES')!r}, want broker,controller"
+        )
+    cluster_id = kafka_env.get("CLUSTER_ID") or ""
+    try:
+        valid_id = len(base64.urlsafe_b64decode(cluster_id + "==")) == 16 and len(cluster_id) == 22
+    except ValueError:
+        valid_id = False
+    if not valid_id:
+        problems.append(f"kafka: CLUSTER_ID={cluster_id!r} is not a base64url-encoded 16-byte UUID")
+    return problems
+
+
+def check_bindings_mount(compose: Compose) -> Problems:
+    """The file mounted at FRESHKEY_BINDINGS exists, parses, is read-only and is the demo's bindings."""
+    problems: Problems = []
+    want = parse_bindings(demo.BINDINGS, source="pipeline.demo.BINDINGS")
+    for name in APP_SERVICES:
+        service = services(compose).get(name, {})
+        target = effective_env(service, "FRESHKEY_BINDINGS", BindingSettings, "bindings")
+        mount = next((m for m in volume_mounts(service) if m[1] == target), None)
+        if mount is None:
+            problems.append(f"{name}: nothing is mounted at FRESHKEY_BINDINGS={target}")
+            continue
+        source, _, read_only = mount
+        if not read_only:
+            problems.append(f"{name}: the bindings mount {source}:{target} is not read-only (add :ro)")
+        path = host_path(source)
+        if not is_bind_mount(source) or not path.is_file():
+            problems.append(f"{name}: the bindings mount source {source} is not a file in the repository")
+            continue
+        try:
+            got = parse_bindings(path.read_bytes(), source=str(path))
+        except BindingError as exc:
+            problems.append(f"{name}: {exc}")
+            continue
+        if [b.table for b in got.bindings] != [b.table for b in want.bindings]:
+            problems.append(
+                f"{name}: {source} binds tables {[b.table for b in got.bindings]}, "
+                f"pipeline/demo.py BINDINGS binds {[b.table for b in want.bindings]}"
+            )
+        elif got != want:
+            problems.append(f"{name}: {source} differs from pipeline/demo.py BINDINGS: {got} != {want}")
+    return problems
+
+
+def check_referenced_files(compose: Compose) -> Problems:
+    """Bind-mount sources and build contexts/Dockerfiles exist; named volumes are declared."""
+    problems: Problems = []
+    declared = set((compose.get("volumes") or {}).keys())
+    for name, service in services(compose).items():
+        for source, target, _ in volume_mounts(service):
+            if is_bind_mount(source):
+                if not host_path(source).exists():
+                    problems.append(f"{name}: volume source {source} (mounted at {target}) does not exist")
+            elif source and source not in declared:
+                problems.append(f"{name}: named volume {source!r} is not declared under top-level volumes:")
+        build = service.get("build")
+        if build is not None:
+            context = build if isinstance(build, str) else build.get("context", ".")
+            dockerfile = "Dockerfile" if isinstance(build, str) else build.get("dockerfile", "Dockerfile")
+            if not host_path(context).is_dir():
+                problems.append(f"{name}: build context {context} is not a directory")
+            elif not (host_path(context) / dockerfile).is_file():
+                problems.append(f"{name}: build Dockerfile {context}/{dockerfile} does not exist")
+    return problems
+
+
+CHECKS: dict[str, Callable[[Compose], Problems]] = {
+    "services": check_services,
+    "mysql_binlog": check_mysql_binlog,
+    "env_names": check_env_names,
+    "wiring": check_wiring,
+    "server_ids": check_server_ids,
+    "ports": check_ports,
+    "kafka": check_kafka,
+    "bindings_mount": check_bindings_mount,
+    "referenced_files": check_referenced_files,
+}
+
+
+def _report(problems: Problems) -> str:
+    return "docker-compose.yml:\n" + "\n".join(f"  - {p}" for p in problems)
+
+
+# --- the real compose file ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def compose() -> Compose:
+    assert COMPOSE_PATH.is_file(), f"{COMPOSE_PATH} is missing"
+    return load_compose()
+
+
+@pytest.mark.parametrize("check", list(CHECKS))
+def test_compose_file(compose: Compose, check: str) -> None:
+    problems = CHECKS[check](compose)
+    assert not problems, _report(problems)
+
+
+def test_compose_env_values_parse(compose: Compose, monkeypatch: pytest.MonkeyPatch) -> None:
+    problems = check_env_values(compose, monkeypatch)
+    assert not problems, _report(problems)
+
+
+def test_compose_sets_the_settings_the_stack_needs(compose: Compose) -> None:
+    """Not only valid names: the variables that differ from the defaults for containers are set."""
+    wanted = {
+        "connector": {"FRESHKEY_CONNECTOR_CHECKPOINT_PATH"},
+        "worker": {"FRESHKEY_WORKER_WEB_BIND", "FRESHKEY_WORKER_WEB_PORT", "FRESHKEY_WORKER_DATA_DIR"},
+    }
+    common = {
+        "FRESHKEY_MYSQL_HOST",
+        "FRESHKEY_MYSQL_PORT",
+        "FRESHKEY_MYSQL_USER",
+        "FRESHKEY_MYSQL_PASSWORD",
+        "FRESHKEY_MYSQL_SERVER_ID",
+        "FRESHKEY_KAFKA_BOOTSTRAP",
+        "FRESHKEY_KAFKA_PARTITIONS",
+        "FRESHKEY_REDIS_URL",
+        "FRESHKEY_BINDINGS",
+    }
+    for name, extra in wanted.items():
+        missing = (common | extra) - set(environment(services(compose)[name]))
+        assert not missing, f"{name}: not set in docker-compose.yml: {sorted(missing)}"
+
+
+def test_state_lives_on_named_volumes(compose: Compose) -> None:
+    """The connector checkpoint and the worker data dir survive a container rebuild."""
+    for name, variable in (
+        ("connector", "FRESHKEY_CONNECTOR_CHECKPOINT_PATH"),
+        ("worker", "FRESHKEY_WORKER_DATA_DIR"),
+    ):
+        service = services(compose)[name]
+        path = Path(str(environment(service)[variable]))
+        holders = [
+            source
+            for source, target, _ in volume_mounts(service)
+            if not is_bind_mount(source) and (path == Path(target) or Path(target) in path.parents)
+        ]
+        assert holders, f"{name}: {variable}={path} is not on a named volume ({volume_mounts(service)})"
+
+
+def test_mysql_user_password_is_the_connectors(compose: Compose) -> None:
+    """The image creates the freshkey user with MYSQL_PASSWORD: it must be FRESHKEY_MYSQL_PASSWORD."""
+    mysql_env = environment(services(compose)["mysql"])
+    for name in APP_SERVICES:
+        env = environment(services(compose)[name])
+        assert mysql_env.get("MYSQL_USER") == env["FRESHKEY_MYSQL_USER"], f"{name}: MySQL user differs"
+        assert mysql_env.get("MYSQL_PASSWORD") == env["FRESHKEY_MYSQL_PASSWORD"], f"{name}: password differs"
+    overridden = load_compose(env={"FRESHKEY_MYSQL_PASSWORD": "s3cret"})
+    assert environment(services(overridden)["mysql"])["MYSQL_PASSWORD"] == "s3cret"
+    assert environment(services(overridden)["connector"])["FRESHKEY_MYSQL_PASSWORD"] == "s3cret"
+
+
+def _sql_statements(text: str) -> list[str]:
+    without_comments = re.sub(r"--[^\n]*", "", text)
+    return [" ".join(s.split()) for s in without_comments.split(";") if s.strip()]
+
+
+def test_init_sql_creates_the_demo_schema_and_grants(compose: Compose) -> None:
+    init = next(
+        host_path(source)
+        for source, target, _ in volume_mounts(services(compose)["mysql"])
+        if target.startswith("/docker-entrypoint-initdb.d/")
+    )
+    statements = _sql_statements(init.read_text())
+    for statement in _sql_statements(demo.SCHEMA):
+        assert statement in statements, (
+            f"{init}: lacks (or differs from) pipeline/demo.py SCHEMA: {statement}"
+        )
+    grant = "GRANT SELECT, REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO 'freshkey'@'%'"
+    assert grant in statements, f"{init}: lacks `{grant}` (what freshkey doctor checks)"
+
+
+def test_dockerfile_installs_cpu_torch_first() -> None:
+    text = (REPO_ROOT / "Dockerfile").read_text()
+    torch_line = re.search(r"^RUN pip install[^\n]*torch==(?P<version>[\d.]+)[^\n]*", text, re.MULTILINE)
+    assert torch_line, "Dockerfile: no pinned `pip install torch==...`"
+    assert "--index-url https://download.pytorch.org/whl/cpu" in torch_line[0], "torch not from the CPU index"
+    project = re.search(r"^RUN pip install \.", text, re.MULTILINE)
+    assert project, "Dockerfile: no `RUN pip install .`"
+    assert project.start() > torch_line.start(), "torch must be installed before `pip install .`"
+    pyproject = (REPO_ROOT / "pyproject.toml").read_text()
+    spec = re.search(r'"torch([^"]*)"', pyproject)
+    assert spec, "pyproject.toml has no torch requirement"
+    assert SpecifierSet(spec[1]).contains(torch_line["version"]), (
+        f"Dockerfile torch=={torch_line['version']} is outside pyproject's torch{spec[1]}: "
+        "`pip install .` would download another (CUDA) build"
+    )
+    ignored = (REPO_ROOT / ".dockerignore").read_text().split()
+    for path in (".venv", ".git", "artifacts"):
+        assert path in ignored, f".dockerignore does not exclude {path}"
+
+
+# --- the checks catch what they claim to (broken copies of the compose file) ---------------------------
+
+
+def _env(service: str) -> Callable[[Compose], dict[str, Any]]:
+    def get(compose: Compose) -> dict[str, Any]:
+        env: dict[str, Any] = services(compose)[service]["environment"]
+        return env
+
+    return get
+
+
+def _rename(mapping: dict[str, Any], old: str, new: str) -> None:
+    mapping[new] = mapping.pop(old)
+
+
+def _replace_arg(service: str, prefix: str, new: str | None) -> Callable[[Compose], None]:
+    def mutate(compose: Compose) -> None:
+        args = [a for a in services(compose)[service]["command"] if not a.startswith(prefix)]
+        services(compose)[service]["command"] = [*args, new] if new else args
+
+    return mutate
+
+
+BROKEN: list[tuple[str, Callable[[Compose], object], str, str]] = [
+    (
+        "misspelled FRESHKEY_ variable",
+        lambda c: _rename(_env("worker")(c), "FRESHKEY_KAFKA_BOOTSTRAP", "FRESHKEY_KAFKA_BOOTSTRAPS"),
+        "env_names",
+        "FRESHKEY_KAFKA_BOOTSTRAPS is not a freshkey setting",
+    ),
+    (
+        "variable of a renamed setting",
+        lambda c: _rename(_env("connector")(c), "FRESHKEY_CONNECTOR_CHECKPOINT_PATH", "FRESHKEY_CHECKPOINT"),
+        "env_names",
+        "FRESHKEY_CHECKPOINT is not a freshkey setting",
+    ),
+    ("missing redis service", lambda c: services(c).pop("redis"), "services", "service 'redis' is missing"),
+    (
+        "statement-based binlog",
+        _replace_arg("mysql", "--binlog-format", "--binlog-format=MIXED"),
+        "mysql_binlog",
+        "--binlog-format is 'MIXED'",
+    ),
+    (
+        "no row metadata",
+        _replace_arg("mysql", "--binlog-row-metadata", None),
+        "mysql_binlog",
+        "--binlog-row-metadata is None",
+    ),
+    (
+        "minimal row image",
+        _replace_arg("mysql", "--binlog-row-image", "--binlog_row_image=MINIMAL"),
+        "mysql_binlog",
+        "--binlog-row-image is 'MINIMAL'",
+    ),
+    (
+        "compressed binlog",
+        _replace_arg("mysql", "--binlog-transaction-compression", "--binlog-transaction-compression=ON"),
+        "mysql_binlog",
+        "compressed binlog events",
+    ),
+    ("no server id", _replace_arg("mysql", "--server-id", None), "mysql_binlog", "--server-id is None"),
+    (
+        "replica id equals server id",
+        lambda c: _env("connector")(c).update(FRESHKEY_MYSQL_SERVER_ID="1"),
+        "server_ids",
+        "FRESHKEY_MYSQL_SERVER_ID=1 equals the mysql --server-id=1",
+    ),
+    (
+        "bootstrap at localhost",
+        lambda c: _env("worker")(c).update(FRESHKEY_KAFKA_BOOTSTRAP="localhost:9092"),
+        "wiring",
+        "FRESHKEY_KAFKA_BOOTSTRAP=localhost:9092 is not an advertised listener",
+    ),
+    (
+        "bootstrap at the host listener",
+        lambda c: _env("worker")(c).update(FRESHKEY_KAFKA_BOOTSTRAP="127.0.0.1:29092"),
+        "wiring",
+        "FRESHKEY_KAFKA_BOOTSTRAP=127.0.0.1:29092 is not an advertised listener",
+    ),
+    (
+        "mysql host unset (default 127.0.0.1)",
+        lambda c: _env("connector")(c).pop("FRESHKEY_MYSQL_HOST"),
+        "wiring",
+        "FRESHKEY_MYSQL_HOST/PORT is 127.0.0.1:3306",
+    ),
+    (
+        "redis url at another host",
+        lambda c: _env("worker")(c).update(FRESHKEY_REDIS_URL="redis://cache:6379/0"),
+        "wiring",
+        "FRESHKEY_REDIS_URL=redis://cache:6379/0 does not point at the redis service",
+    ),
+    (
+        "port on every interface",
+        lambda c: services(c)["redis"].update(ports=["6379:6379"]),
+        "ports",
+        "redis: port 6379 is published on every interface",
+    ),
+    (
+        "worker web port not published",
+        lambda c: _env("worker")(c).update(FRESHKEY_WORKER_WEB_PORT="7000"),
+        "ports",
+        "FRESHKEY_WORKER_WEB_PORT=7000 but the published container ports are ['6066']",
+    ),
+    (
+        "worker web bind loopback in the container",
+        lambda c: _env("worker")(c).pop("FRESHKEY_WORKER_WEB_BIND"),
+        "ports",
+        "FRESHKEY_WORKER_WEB_BIND=127.0.0.1",
+    ),
+    (
+        "kafka auto-creates topics",
+        lambda c: _env("kafka")(c).update(KAFKA_AUTO_CREATE_TOPICS_ENABLE="true"),
+        "kafka",
+        "KAFKA_AUTO_CREATE_TOPICS_ENABLE='true'",
+    ),
+    (
+        "bindings mounted elsewhere",
+        lambda c: _env("worker")(c).update(FRESHKEY_BINDINGS="/etc/bindings.yaml"),
+        "bindings_mount",
+        "nothing is mounted at FRESHKEY_BINDINGS=/etc/bindings.yaml",
+    ),
+    (
+        "bindings file not YAML",
+        lambda c: services(c)["connector"].update(
+            volumes=["./deploy/mysql/init.sql:/etc/freshkey/bindings.yaml:ro"]
+        ),
+        "bindings_mount",
+        "init.sql: not valid YAML/JSON",
+    ),
+    (
+        "bindings mounted writable",
+        lambda c: services(c)["worker"].update(
+            volumes=[
+                "./deploy/bindings.yaml:/etc/freshkey/bindings.yaml",
+                "worker-data:/var/lib/freshkey/worker",
+            ]
+        ),
+        "bindings_mount",
+        "is not read-only",
+    ),
+    (
+        "missing mounted file",
+        lambda c: services(c)["mysql"]["volumes"].append(
+            "./deploy/mysql/nope.sql:/docker-entrypoint-initdb.d/x.sql"
+        ),
+        "referenced_files",
+        "volume source ./deploy/mysql/nope.sql",
+    ),
+    (
+        "undeclared named volume",
+        lambda c: c["volumes"].pop("worker-data"),
+        "referenced_files",
+        "named volume 'worker-data' is not declared",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "check", "expected"),
+    [pytest.param(mutate, check, expected, id=case) for case, mutate, check, expected in BROKEN],
+)
+def test_checks_report_a_broken_compose_file(
+    compose: Compose, mutate: Callable[[Compose], object], check: str, expected: str
+) -> None:
+    assert not CHECKS[check](compose), "the real compose file must pass this check first"
+    broken = copy.deepcopy(compose)
+    mutate(broken)
+    problems = CHECKS[check](broken)
+    assert any(expected in p for p in problems), f"expected a problem containing {expected!r}, got {problems}"
+
+
+class _RenamedKafkaSettings(BaseSettings):
+    """KafkaSettings as it would be after renaming ``bootstrap`` to ``bootstrap_servers``."""
+
+    model_config = SettingsConfigDict(env_prefix="FRESHKEY_KAFKA_", extra="ignore")
+
+    bootstrap_servers: str = "127.0.0.1:9092"
+    partitions: int = 4
+    replication_factor: int = 1
+
+
+def test_renaming_a_setting_breaks_the_compose_check(
+    compose: Compose, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert "FRESHKEY_KAFKA_BOOTSTRAP" in settings_env_names()
+    renamed = tuple(_RenamedKafkaSettings if c is KafkaSettings else c for c in SETTINGS_CLASSES)
+    monkeypatch.setattr(sys.modules[__name__], "SETTINGS_CLASSES", renamed)
+    problems = check_env_names(compose)
+    assert any("FRESHKEY_KAFKA_BOOTSTRAP is not a freshkey setting" in p for p in problems), problems
+    assert any("FRESHKEY_KAFKA_BOOTSTRAP_SERVERS" in p for p in problems), "the message names the new setting"
+
+
+def test_bindings_check_reports_other_tables(compose: Compose, tmp_path: Path) -> None:
+    other = tmp_path / "bindings.yaml"
+    other.write_text("bindings:\n  - table: freshkey_demo.assets\n    namespace: assets\n")
+    broken = copy.deepcopy(compose)
+    services(broken)["worker"]["volumes"] = [f"{other}:/etc/freshkey/bindings.yaml:ro"]
+    problems = check_bindings_mount(broken)
+    assert any(
+        "binds tables ['freshkey_demo.assets'], pipeline/demo.py BINDINGS binds" in p for p in problems
+    ), problems
+    other.write_text(demo.BINDINGS.replace("namespace: assets", "namespace: assets_v2"))
+    problems = check_bindings_mount(broken)
+    assert any("differs from pipeline/demo.py BINDINGS" in p for p in problems), problems
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "expected"),
+    [
+        ("FRESHKEY_KAFKA_PARTITIONS", "four", "FRESHKEY_KAFKA_PARTITIONS='four'"),
+        ("FRESHKEY_MYSQL_PORT", "0", "FRESHKEY_MYSQL_PORT='0'"),
+        ("FRESHKEY_WORKER_WEB_PORT", "http", "FRESHKEY_WORKER_WEB_PORT='http'"),
+    ],
+)
+def test_env_value_check_reports_unparsable_values(
+    compose: Compose, monkeypatch: pytest.MonkeyPatch, variable: str, value: str, expected: str
+) -> None:
+    broken = copy.deepcopy(compose)
+    services(broken)["worker"]["environment"][variable] = value
+    problems = check_env_values(broken, monkeypatch)
+    assert any(expected in p for p in problems), f"expected a problem containing {expected!r}, got {problems}"
+
+
+def test_interpolation_follows_compose() -> None:
+    env = {"SET": "x", "EMPTY": ""}
+    cases = {
+        "${SET:-d}": "x",
+        "${UNSET:-d}": "d",
+        "${EMPTY:-d}": "d",
+        "${EMPTY-d}": "",
+        "${UNSET-d}": "d",
+        "$$SET": "$SET",
+        "a${SET}b$SET": "axbx",
+        "${SET:+y}": "y",
+        "${UNSET:+y}": "",
+    }
+    for text, want in cases.items():
+        assert interpolate(text, env) == want, text
+    with pytest.raises(ValueError, match="required"):
+        interpolate("${UNSET:?set it}", env)
+
+
+def test_no_secret_is_baked_into_the_image_build() -> None:
+    """Passwords come from the environment with local defaults, never from the Dockerfile."""
+    for line in (REPO_ROOT / "Dockerfile").read_text().splitlines():
+        instruction = line.split(maxsplit=1)[:1]
+        assert not (instruction in (["ENV"], ["ARG"]) and "PASSWORD" in line.upper()), f"Dockerfile: {line}"
+    raw = yaml.safe_load(COMPOSE_PATH.read_text())
+    for name, env in ((n, environment(s)) for n, s in raw["services"].items()):
+        for variable, value in env.items():
+            if variable.endswith("PASSWORD"):
+                assert value is not None, f"{name}: {variable} has no value"
+                assert value.startswith("${"), (
+                    f"{name}: {variable} is a literal; take it from the environment (${{VAR:-default}})"
+                )
