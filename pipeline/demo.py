@@ -33,7 +33,12 @@ from cache_writer.entries import read_namespace
 from connectors.checkpoint import CheckpointStore
 from connectors.database import read_table
 from connectors.settings import MySQLSettings
-from pipeline.local_services import LocalKafka, LocalMariaDB, LocalRedis, free_port
+from pipeline.local_services import (
+    LocalKafka,
+    LocalMariaDB,
+    LocalRedis,
+    free_port,
+)
 from pipeline.verify import VerifyReport, verify_namespace
 from schemas import parse_bindings
 

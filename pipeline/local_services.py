@@ -66,6 +66,7 @@ __all__ = [
     "MissingBinaryError",
     "ServiceStartError",
     "free_port",
+    "preexec_die_with_parent",
 ]
 
 HOST = "127.0.0.1"
@@ -140,7 +141,7 @@ if sys.platform.startswith("linux"):
         _LIBC = ctypes.CDLL(None, use_errno=True)
 
 
-def _preexec_for_parent() -> Callable[[], None] | None:
+def preexec_die_with_parent() -> Callable[[], None] | None:
     """A preexec_fn that makes the kernel SIGKILL the child when this process dies (Linux, main thread).
 
     PR_SET_PDEATHSIG fires when the *thread* that forked exits, so it is only used from the main thread.
@@ -325,7 +326,7 @@ class _LocalService:
                 cwd=self.workdir,
                 env=env,
                 start_new_session=True,
-                preexec_fn=_preexec_for_parent(),
+                preexec_fn=preexec_die_with_parent(),
             )
         with _LIVE_LOCK:
             _LIVE.add(self)

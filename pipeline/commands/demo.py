@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
+from types import FrameType
 from typing import Annotated
 
 import orjson
@@ -55,6 +57,13 @@ def demo(
             if done >= total:
                 bar.stop()
 
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    # Ctrl-C and SIGTERM both unwind through run_demo, which stops everything it started (SIGINT is
+    # set explicitly: a shell starting the demo in the background would otherwise leave it ignored).
+    signal.signal(signal.SIGINT, interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
     try:
         result = run_demo(
             changes=changes,

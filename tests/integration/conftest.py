@@ -27,7 +27,7 @@ from cache_writer.entries import Entry, read_namespace
 from connectors.checkpoint import CheckpointStore
 from connectors.database import read_table
 from connectors.settings import MySQLSettings
-from pipeline.local_services import free_port
+from pipeline.local_services import free_port, preexec_die_with_parent
 from pipeline.verify import VerifyReport, verify_namespace
 from schemas import parse_bindings
 from tests.conftest import MySQLService
@@ -112,6 +112,7 @@ class Pipeline:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            preexec_fn=preexec_die_with_parent(),
         )
         log.close()
         if name == "connector":
