@@ -53,8 +53,18 @@ def _processes_mentioning(text: str) -> list[int]:
 def test_interrupting_the_demo_stops_everything_it_started(tmp_path: Path, sig: signal.Signals) -> None:
     workdir = tmp_path / "demo"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pipeline", "demo", "--changes", "100000", "--rate", "300"]
-        + ["--workdir", str(workdir)],
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "demo",
+            "--changes",
+            "100000",
+            "--rate",
+            "300",
+            "--workdir",
+            workdir,
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
