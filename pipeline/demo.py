@@ -17,22 +17,20 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pymysql
 import redis.asyncio as aioredis
-from confluent_kafka import Consumer, TopicPartition
 
 from cache_writer.entries import read_namespace
 from connectors.checkpoint import CheckpointStore
 from connectors.database import read_table
 from connectors.settings import MySQLSettings
+from pipeline.catchup import connector_reached, fetch_stats, high_watermarks, worker_reached
 from pipeline.local_services import (
     LocalKafka,
     LocalMariaDB,
@@ -46,6 +44,7 @@ DATABASE = "freshkey_demo"
 NAMESPACE = "assets"
 HEARTBEAT_NAMESPACE = "freshkey_heartbeat"
 PREFIX = "fk"
+CHANGE_TOPIC = "freshkey.changes"
 MODALITIES = ("text", "image", "audio")
 
 SCHEMA = f"""
@@ -156,26 +155,6 @@ def _wait(predicate: Callable[[], bool], timeout_s: float, what: str, check: Cal
     return time.monotonic() - start
 
 
-def _get_json(url: str) -> dict[str, Any] | None:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            data: dict[str, Any] = orjson.loads(response.read())
-            return data
-    except OSError:
-        return None
-
-
-def _high_watermarks(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "freshkey-demo-watermarks"})
-    try:
-        return {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-            for p in range(partitions)
-        }
-    finally:
-        consumer.close()
-
-
 def run_demo(
     *,
     changes: int,
@@ -235,7 +214,7 @@ def run_demo(
             checkpoint = CheckpointStore(root / "checkpoint.json")
             _wait(lambda: checkpoint.path.exists(), 60, "the connector", alive)
             stats_url = f"http://127.0.0.1:{web_port}/freshkey/stats"
-            _wait(lambda: _get_json(stats_url) is not None, 60, "the worker", alive)
+            _wait(lambda: fetch_stats(stats_url) is not None, 60, "the worker", alive)
             progress.stage("warming up: one heartbeat through the whole path")
             with admin.cursor() as cur:
                 cur.execute(f"REPLACE INTO {DATABASE}.heartbeat VALUES (1, UTC_TIMESTAMP(6))")
@@ -257,24 +236,22 @@ def run_demo(
                 cur.execute("SHOW MASTER STATUS")
                 file, pos = cur.fetchone()[:2]
 
-            def connector_caught_up() -> bool:
-                position = checkpoint.load()
-                return position is not None and (position.file, position.pos) >= (file, pos)
-
-            _wait(connector_caught_up, catch_up_timeout_s, "the connector checkpoint", alive)
-            highs = _high_watermarks(broker.bootstrap, "freshkey.changes", partitions)
-
-            def worker_caught_up() -> bool:
-                stats = _get_json(stats_url) or {}
-                offsets = stats.get("offsets", {})
-                return all(
-                    high == 0 or offsets.get(f"freshkey.changes/{p}", -1) + 1 >= high
-                    for p, high in highs.items()
-                )
-
-            _wait(worker_caught_up, catch_up_timeout_s, "the worker", alive)
+            target = (str(file), int(pos))
+            _wait(
+                lambda: connector_reached(checkpoint.load(), target),
+                catch_up_timeout_s,
+                "the connector checkpoint",
+                alive,
+            )
+            highs = high_watermarks(broker.bootstrap, CHANGE_TOPIC)
+            _wait(
+                lambda: worker_reached(fetch_stats(stats_url), CHANGE_TOPIC, highs),
+                catch_up_timeout_s,
+                "the worker",
+                alive,
+            )
             caught_up_s = time.monotonic() - started
-            stats = _get_json(stats_url) or {}
+            stats = fetch_stats(stats_url) or {}
 
             progress.stage("comparing every cache entry with the database")
             report = _verify(db, cache.url)

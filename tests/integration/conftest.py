@@ -12,21 +12,19 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 import redis
-from confluent_kafka import Consumer, TopicPartition
 
 from cache_writer.entries import Entry, read_namespace
 from connectors.checkpoint import CheckpointStore
 from connectors.database import read_table
 from connectors.settings import MySQLSettings
+from pipeline.catchup import connector_reached, fetch_stats, high_watermarks, worker_reached
 from pipeline.local_services import free_port, preexec_die_with_parent
 from pipeline.verify import VerifyReport, verify_namespace
 from schemas import parse_bindings
@@ -160,13 +158,7 @@ class Pipeline:
             time.sleep(0.05)
 
     def stats(self) -> dict[str, Any] | None:
-        try:
-            url = f"http://127.0.0.1:{self.web_port}/freshkey/stats"
-            with urllib.request.urlopen(url, timeout=2) as response:
-                data: dict[str, Any] = orjson.loads(response.read())
-                return data
-        except OSError:
-            return None
+        return fetch_stats(f"http://127.0.0.1:{self.web_port}/freshkey/stats")
 
     # -- database and cache ----------------------------------------------------------------------------
     def sql(self, statement: str, args: Any = None) -> Any:
@@ -225,21 +217,9 @@ class Pipeline:
         """The connector's checkpoint is at the binlog end and the worker is past every high watermark."""
         target = self.master_position()
         store = CheckpointStore(self.checkpoint_path)
-
-        def connector_done() -> bool:
-            position = store.load()
-            return position is not None and (position.file, position.pos) >= target
-
-        self.wait(connector_done, timeout, "the connector to reach the binlog end")
-        highs = _high_watermarks(self.kafka, self.change_topic)
-
-        def worker_done() -> bool:
-            offsets = (self.stats() or {}).get("offsets", {})
-            return all(
-                h == 0 or offsets.get(f"{self.change_topic}/{p}", -1) + 1 >= h for p, h in highs.items()
-            )
-
-        self.wait(worker_done, timeout, "the worker to reach the high watermarks")
+        self.wait(lambda: connector_reached(store.load(), target), timeout, "the connector to reach the end")
+        highs = high_watermarks(self.kafka, self.change_topic)
+        self.wait(lambda: worker_reached(self.stats(), self.change_topic, highs), timeout, "the worker")
 
     def close(self) -> None:
         for name in list(self.procs):
@@ -248,17 +228,6 @@ class Pipeline:
         self.redis.close()
         with self.mysql.connect() as conn, conn.cursor() as cur:
             cur.execute(f"DROP DATABASE IF EXISTS {self.database}")
-
-
-def _high_watermarks(bootstrap: str, topic: str) -> dict[int, int]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "freshkey-test-watermarks"})
-    try:
-        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        return {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions
-        }
-    finally:
-        consumer.close()
 
 
 @pytest.fixture
