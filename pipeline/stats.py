@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +30,24 @@ class WorkerStats:
             samples = self.stages[stage] = deque(maxlen=self.max_samples)
         samples.append(ms)
 
+    # -- ApplyObserver --------------------------------------------------------------------------------
+    def on_event(self, kind: str) -> None:
+        self.events[kind] += 1
+
+    def on_outcome(self, tier: str, namespace: str, outcome: str) -> None:
+        self.outcomes[f"{tier}:{outcome}"] += 1
+
+    def on_applied(
+        self, namespace: str, op: str, lag_ms: float, *, coarse: bool, stages: Mapping[str, float]
+    ) -> None:
+        self.record_lag(namespace, lag_ms, coarse=coarse)
+        for stage, ms in stages.items():
+            self.record_stage(stage, ms)
+
+    def on_offset(self, topic: str, partition: int, offset: int) -> None:
+        self.record_offset(topic, partition, offset)
+
+    # -- records ------------------------------------------------------------------------------------------
     def record_lag(self, namespace: str, lag_ms: float, *, coarse: bool) -> None:
         """Commit-to-cache lag of one change; coarse ones (1 s binlog clock) are only counted."""
         if coarse:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import faust
@@ -20,16 +21,26 @@ from cache_writer import CacheAction, CacheTier, Outcome, RedisSettings, RedisTi
 from connectors.settings import KafkaSettings
 from pipeline.apply import BindError, commit_time_us, plan
 from pipeline.faust_app import FreshkeyApp
+from pipeline.observe import (
+    STAGE_PLAN,
+    STAGE_SOURCE,
+    STAGE_TRANSPORT,
+    TIER_STAGE_PREFIX,
+    Observers,
+)
 from pipeline.settings import WorkerSettings
 from pipeline.stats import WorkerStats
-from schemas import Bindings, ChangeEvent, DecodeError, decode, encode
+from schemas import Binding, Bindings, ChangeEvent, DecodeError, decode, encode
 from schemas.codec import dead_letter
 
 log = logging.getLogger(__name__)
 
 
 class ChangeProcessor:
-    """Turns a batch of raw messages into tier writes; owns the stats. Independent of Faust's types."""
+    """Turns a batch of raw messages into tier writes and reports to its observers.
+
+    Independent of Faust's types, so it is tested and benchmarked without a broker.
+    """
 
     def __init__(
         self,
@@ -43,12 +54,13 @@ class ChangeProcessor:
         self.tiers = list(tiers)
         self.key_prefix = key_prefix
         self.stats = stats or WorkerStats()
+        self.observers = Observers([self.stats])
 
     def prepare(
         self, messages: Sequence[tuple[bytes | None, bytes]]
-    ) -> tuple[list[tuple[int, ChangeEvent, list[CacheAction]]], list[tuple[int, str, str]]]:
+    ) -> tuple[list[Planned], list[tuple[int, str, str]]]:
         """Decode and plan. Returns (planned changes, rejects as (index, stage, reason))."""
-        planned: list[tuple[int, ChangeEvent, list[CacheAction]]] = []
+        planned: list[Planned] = []
         rejects: list[tuple[int, str, str]] = []
         for index, (_key, value) in enumerate(messages):
             try:
@@ -57,23 +69,26 @@ class ChangeProcessor:
                 rejects.append((index, "decode", exc.reason))
                 continue
             if event.kind == "ddl":
-                self.stats.events["ddl"] += 1
+                self.observers.on_event("ddl")
                 log.info("DDL on %s: %s", event.source.db, event.query[:200])
                 continue
             binding = self.bindings.for_table(event.source.db, event.source.table)
             if binding is None:
-                self.stats.events["unbound"] += 1
+                self.observers.on_event("unbound")
                 continue
             try:
-                planned.append((index, event, plan(binding, event, prefix=self.key_prefix)))
+                planned.append(Planned(index, event, binding, plan(binding, event, prefix=self.key_prefix)))
             except BindError as exc:
                 rejects.append((index, "bind", str(exc)))
         return planned, rejects
 
-    async def apply(self, planned: Sequence[tuple[int, ChangeEvent, list[CacheAction]]]) -> None:
-        actions = [a for _, _, acts in planned for a in acts]
+    async def apply(self, planned: Sequence[Planned], *, received_ms: float, planned_ms: float) -> None:
+        """Apply to every tier in order (each retried until it answers), then report per change."""
+        actions = [a for p in planned for a in p.actions]
         if not actions:
             return
+        namespaces = [p.binding.namespace for p in planned for _ in p.actions]
+        tier_done_ms: dict[str, float] = {}
         for tier in self.tiers:
             async for attempt in AsyncRetrying(
                 retry=retry_if_exception_type(TierUnavailableError),
@@ -83,21 +98,38 @@ class ChangeProcessor:
             ):
                 with attempt:
                     results = await tier.apply(actions)
-            for result in results:
+            tier_done_ms[tier.name] = time.time() * 1000
+            for result, namespace in zip(results, namespaces, strict=True):
                 outcome = result.outcome.value
                 if result.outcome is Outcome.APPLIED and result.action.kind == "invalidate":
                     outcome = "tombstoned"
-                self.stats.outcomes[f"{tier.name}:{outcome}"] += 1
-        now_us = time.time_ns() // 1000
-        for _, event, _ in planned:
-            binding = self.bindings.for_table(event.source.db, event.source.table)
-            assert binding is not None
-            commit_us, coarse = commit_time_us(binding, event)
-            self.stats.record_lag(binding.namespace, (now_us - commit_us) / 1000, coarse=coarse)
+                self.observers.on_outcome(tier.name, namespace, outcome)
+        now_ms = time.time() * 1000
+        for p in planned:
+            commit_us, coarse = commit_time_us(p.binding, p.event)
+            commit_ms = commit_us / 1000
+            stages = {
+                STAGE_TRANSPORT: received_ms - p.event.ts_ms,
+                STAGE_PLAN: planned_ms - received_ms,
+            }
             if not coarse:
-                self.stats.record_stage("commit->connector", event.ts_ms - commit_us / 1000)
-            self.stats.record_stage("connector->applied", now_us / 1000 - event.ts_ms)
-            self.stats.events[event.op] += 1
+                stages[STAGE_SOURCE] = p.event.ts_ms - commit_ms
+            previous = planned_ms
+            for name, done in tier_done_ms.items():
+                stages[TIER_STAGE_PREFIX + name] = done - previous
+                previous = done
+            self.observers.on_event(p.event.op)
+            self.observers.on_applied(
+                p.binding.namespace, p.event.op, now_ms - commit_ms, coarse=coarse, stages=stages
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    index: int
+    event: ChangeEvent
+    binding: Binding
+    actions: list[CacheAction]
 
 
 def create_app(
@@ -149,7 +181,7 @@ def create_app(
         )
         future = await dead_letters.send(key=message.key, value=encode(letter))
         await future
-        processor.stats.events["dead_lettered"] += 1
+        processor.observers.on_event("dead_lettered")
         log.warning(
             "dead letter (%s) %s[%d]@%d: %s", stage, message.topic, message.partition, message.offset, reason
         )
@@ -162,13 +194,14 @@ def create_app(
         async for events in batches:
             while not processor.tiers:
                 await app.sleep(0.05)
+            received_ms = time.time() * 1000
             planned, rejects = processor.prepare([(e.message.key, e.message.value) for e in events])
-            await processor.apply(planned)
+            await processor.apply(planned, received_ms=received_ms, planned_ms=time.time() * 1000)
             for index, stage, reason in rejects:
                 await send_dead_letter(events[index], stage, reason)
             for event in events:
                 message = event.message
-                processor.stats.record_offset(message.topic, message.partition, message.offset)
+                processor.observers.on_offset(message.topic, message.partition, message.offset)
                 await stream.ack(event)
 
     @app.page("/freshkey/stats")
