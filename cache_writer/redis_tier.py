@@ -28,6 +28,11 @@ WRITE_SCRIPT, WRITE_SHA = _script("write_if_newer.lua")
 INVALIDATE_SCRIPT, INVALIDATE_SHA = _script("invalidate_if_not_newer.lua")
 
 
+def invalidation_channel(prefix: str) -> str:
+    """The Pub/Sub channel on which every applied write and tombstone is announced (README layout)."""
+    return f"{prefix}:invalidations"
+
+
 def connect(settings: RedisSettings) -> aioredis.Redis:
     """An asyncio client for the configured Redis (the password comes from settings, never the log)."""
     password = settings.password.get_secret_value() if settings.password else None
@@ -37,18 +42,21 @@ def connect(settings: RedisSettings) -> aioredis.Redis:
 class RedisTier:
     """L2: one Redis (or one Redis Cluster node set) holding ``fk:{namespace}:row`` hashes."""
 
-    name = "redis"
-
     def __init__(
         self,
         client: aioredis.Redis,
         *,
         tombstone_ttl_ms: int,
         entry_ttl_ms: int | None = None,
+        channel: str | None = None,
+        name: str = "redis",
     ) -> None:
         if tombstone_ttl_ms <= 0:
             raise ValueError("tombstone_ttl_ms must be positive")
         self._client = client
+        self.name = name
+        self.channel = channel
+        self._channel = channel or ""
         self._tombstone_ttl = str(tombstone_ttl_ms)
         self._entry_ttl = str(entry_ttl_ms or 0)
 
@@ -58,6 +66,7 @@ class RedisTier:
             connect(settings),
             tombstone_ttl_ms=settings.tombstone_ttl_s * 1000,
             entry_ttl_ms=settings.entry_ttl_s * 1000 if settings.entry_ttl_s else None,
+            channel=invalidation_channel(settings.key_prefix) if settings.broadcast else None,
         )
 
     @property
@@ -74,11 +83,24 @@ class RedisTier:
     def _queue(self, pipe: Any, action: CacheAction) -> None:
         if action.kind == "write":
             pipe.evalsha(
-                WRITE_SHA, 1, action.key, action.version, action.value, action.commit_ts_us, self._entry_ttl
+                WRITE_SHA,
+                1,
+                action.key,
+                action.version,
+                action.value,
+                action.commit_ts_us,
+                self._entry_ttl,
+                self._channel,
             )
         else:
             pipe.evalsha(
-                INVALIDATE_SHA, 1, action.key, action.version, action.commit_ts_us, self._tombstone_ttl
+                INVALIDATE_SHA,
+                1,
+                action.key,
+                action.version,
+                action.commit_ts_us,
+                self._tombstone_ttl,
+                self._channel,
             )
 
     async def apply(self, actions: Sequence[CacheAction]) -> list[ActionResult]:

@@ -18,3 +18,6 @@ class RedisSettings(BaseSettings):
         86_400, ge=1, description="How long a delete's tombstone rejects late older writes."
     )
     entry_ttl_s: int | None = Field(None, ge=1, description="TTL of live entries; none by default.")
+    broadcast: bool = Field(
+        True, description="Announce every applied change on <prefix>:invalidations for in-process tiers."
+    )

@@ -1,9 +1,12 @@
 -- freshkey: replace an entry with a tombstone unless the key holds a newer version.
--- The tombstone keeps the version for ARGV[3] ms, so a late or replayed older write is rejected.
+-- The tombstone keeps the version for ARGV[3] ms, so a late or replayed older write is rejected. Laying
+-- it voids any outstanding fill lease (the fields live in the same hash) and is broadcast to
+-- in-process tiers.
 -- KEYS[1]  entry key
 -- ARGV[1]  version of the delete/invalidation
 -- ARGV[2]  commit time, microseconds since the epoch
 -- ARGV[3]  tombstone TTL in ms
+-- ARGV[4]  invalidation channel ('' for none); message: 'i <version> <key>'
 -- returns {1, previous version or ''} when tombstoned, {0, current version} when the key is newer or
 -- already holds this very tombstone (a replay)
 local function gt(a, b)
@@ -17,4 +20,7 @@ end
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'v', ARGV[1], 'tomb', '1', 'c', ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
+if ARGV[4] ~= '' then
+  redis.call('PUBLISH', ARGV[4], 'i ' .. ARGV[1] .. ' ' .. KEYS[1])
+end
 return {1, cur or ''}
