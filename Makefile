@@ -14,10 +14,14 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  make %-18s %s\n", $$1, $$2}'
 
-system-packages: ## Install MariaDB and Redis server binaries when missing (Debian/Ubuntu)
-	@if ! command -v mariadbd >/dev/null || ! command -v mariadb-install-db >/dev/null || ! command -v redis-server >/dev/null; then \
-		echo "installing mariadb-server and redis-server with apt-get"; \
-		$(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mariadb-server redis-server >/dev/null; \
+system-packages: ## Install MariaDB, Redis and Chromium (dashboard test) when missing (Debian/Ubuntu)
+	@missing=""; \
+	command -v mariadbd >/dev/null && command -v mariadb-install-db >/dev/null || missing="$$missing mariadb-server"; \
+	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	if [ -n "$$missing" ]; then \
+		echo "installing$$missing with apt-get"; \
+		$(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
 $(STAMP): pyproject.toml
@@ -53,6 +57,7 @@ format: setup ## Apply ruff's fixes and formatting
 
 bench: setup ## Benchmarks: print figures (not timed tests)
 	@mkdir -p artifacts
+	$(VENV)/bin/freshkey bench --json artifacts/bench-keys.json
 	$(VENV)/bin/freshkey demo --changes 20000 --rate 1000 --json artifacts/bench-demo.json
 
 clean: ## Remove the virtualenv and caches

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
 from cache_writer.keys import namespace_pattern
+from cache_writer.redis_cluster import RedisClient, run_pipeline
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,27 +37,49 @@ def parse_entry(key: str, fields: dict[bytes, bytes]) -> Entry | None:
 
 
 async def read_namespace(
-    client: aioredis.Redis, prefix: str, namespace: str, *, batch: int = 1000
+    client: RedisClient, prefix: str, namespace: str, *, batch: int = 1000
 ) -> dict[str, Entry]:
-    """Every entry (and tombstone) of a namespace, by key. SCAN-based: safe on a live server."""
+    """Every entry (and tombstone) of a namespace, by key. SCAN-based: safe on a live server.
+
+    On a Redis Cluster every primary is scanned, not only the one that owns the namespace's slot: while
+    that slot migrates, its keys sit on two nodes. As with SCAN on one server, a key that moves while the
+    scan runs may be missed; the HGETALLs follow MOVED/ASK (:func:`run_pipeline`).
+    """
     entries: dict[str, Entry] = {}
     keys: list[bytes] = []
 
     async def flush() -> None:
-        async with client.pipeline(transaction=False) as pipe:
-            for k in keys:
-                pipe.hgetall(k)
-            replies = await pipe.execute()
+        replies = await run_pipeline(client, [("HGETALL", k) for k in keys])
         for k, fields in zip(keys, replies, strict=True):
+            if isinstance(fields, Exception):
+                raise fields
             entry = parse_entry(k.decode(), fields)
             if entry is not None:
                 entries[entry.key] = entry
         keys.clear()
 
-    async for key in client.scan_iter(match=namespace_pattern(prefix, namespace), count=batch):
+    async for key in _scan(client, namespace_pattern(prefix, namespace), batch):
         keys.append(key)
         if len(keys) >= batch:
             await flush()
     if keys:
         await flush()
     return entries
+
+
+async def _scan(client: RedisClient, pattern: str, count: int) -> AsyncIterator[bytes]:
+    if not isinstance(client, aioredis.RedisCluster):
+        async for key in client.scan_iter(match=pattern, count=count):
+            yield key
+        return
+    seen: set[bytes] = set()
+    for node in client.get_primaries():
+        cursor = 0
+        while True:
+            cursor, keys = await node.execute_command("SCAN", cursor, "MATCH", pattern, "COUNT", count)
+            for key in keys:
+                if key not in seen:  # a key that migrated between two scans would come twice
+                    seen.add(key)
+                    yield key
+            if int(cursor) == 0:
+                break

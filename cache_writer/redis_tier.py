@@ -2,6 +2,10 @@
 
 The two scripts are loaded once and called with EVALSHA; a NOSCRIPT answer (the server restarted or its
 script cache was flushed) reloads them and retries just the refused actions, in order.
+
+On a Redis Cluster (``FRESHKEY_REDIS_CLUSTER=true``) the same batch goes out as one non-transactional
+pipeline per node; MOVED, ASK and TRYAGAIN during a slot migration are followed and NOSCRIPT is answered
+on the node that refused, see :mod:`cache_writer.redis_cluster`.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError, RedisError
 
 from cache_writer.exceptions import TierUnavailableError
+from cache_writer.redis_cluster import RedirectStats, RedisClient, run_pipeline
 from cache_writer.settings import RedisSettings
 from cache_writer.tier import ActionResult, CacheAction, Outcome
 
@@ -33,9 +38,15 @@ def invalidation_channel(prefix: str) -> str:
     return f"{prefix}:invalidations"
 
 
-def connect(settings: RedisSettings) -> aioredis.Redis:
-    """An asyncio client for the configured Redis (the password comes from settings, never the log)."""
+def connect(settings: RedisSettings) -> RedisClient:
+    """An asyncio client for the configured Redis (the password comes from settings, never the log).
+
+    With ``settings.cluster`` the URL names one node of a Redis Cluster (a seed) and the client is a
+    ``RedisCluster`` that discovers the others; the URL's database must then be 0 (or absent).
+    """
     password = settings.password.get_secret_value() if settings.password else None
+    if settings.cluster:
+        return aioredis.RedisCluster.from_url(settings.url, password=password, decode_responses=False)
     return aioredis.Redis.from_url(settings.url, password=password, decode_responses=False)
 
 
@@ -44,7 +55,7 @@ class RedisTier:
 
     def __init__(
         self,
-        client: aioredis.Redis,
+        client: RedisClient,
         *,
         tombstone_ttl_ms: int,
         entry_ttl_ms: int | None = None,
@@ -59,6 +70,8 @@ class RedisTier:
         self._channel = channel or ""
         self._tombstone_ttl = str(tombstone_ttl_ms)
         self._entry_ttl = str(entry_ttl_ms or 0)
+        self.redirects = RedirectStats()
+        """MOVED/ASK/TRYAGAIN followed and NOSCRIPT answered so far (cluster slot migrations, restarts)."""
 
     @classmethod
     def from_settings(cls, settings: RedisSettings) -> RedisTier:
@@ -70,10 +83,11 @@ class RedisTier:
         )
 
     @property
-    def client(self) -> aioredis.Redis:
+    def client(self) -> RedisClient:
         return self._client
 
     async def load_scripts(self) -> None:
+        """Load both scripts (on a cluster: on every primary, which is where SCRIPT LOAD goes)."""
         try:
             await self._client.script_load(WRITE_SCRIPT)
             await self._client.script_load(INVALIDATE_SCRIPT)
@@ -82,7 +96,8 @@ class RedisTier:
 
     def _queue(self, pipe: Any, action: CacheAction) -> None:
         if action.kind == "write":
-            pipe.evalsha(
+            pipe.execute_command(
+                "EVALSHA",
                 WRITE_SHA,
                 1,
                 action.key,
@@ -93,7 +108,8 @@ class RedisTier:
                 self._channel,
             )
         else:
-            pipe.evalsha(
+            pipe.execute_command(
+                "EVALSHA",
                 INVALIDATE_SHA,
                 1,
                 action.key,
@@ -104,34 +120,37 @@ class RedisTier:
             )
 
     async def apply(self, actions: Sequence[CacheAction]) -> list[ActionResult]:
-        results: list[Any] = [None] * len(actions)
-        pending = list(range(len(actions)))
-        for attempt in range(2):
-            try:
-                async with self._client.pipeline(transaction=False) as pipe:
-                    for index in pending:
-                        self._queue(pipe, actions[index])
-                    replies = await pipe.execute(raise_on_error=False)
-            except RedisError as exc:
-                raise TierUnavailableError(self.name, exc) from exc
-            refused = []
-            for index, reply in zip(pending, replies, strict=True):
-                if isinstance(reply, NoScriptError):
-                    refused.append(index)
-                elif isinstance(reply, Exception):
-                    raise TierUnavailableError(self.name, reply)
-                else:
-                    results[index] = reply
-            if not refused:
-                break
-            if attempt == 1:
+        recorder = _Recorder()
+        for action in actions:
+            self._queue(recorder, action)
+        try:
+            replies = await run_pipeline(
+                self._client,
+                recorder.commands,
+                scripts=(WRITE_SCRIPT, INVALIDATE_SCRIPT),
+                stats=self.redirects,
+            )
+        except RedisError as exc:
+            raise TierUnavailableError(self.name, exc) from exc
+        for reply in replies:
+            if isinstance(reply, NoScriptError):
                 raise TierUnavailableError(self.name, NoScriptError("scripts missing after reload"))
-            await self.load_scripts()
-            pending = refused
-        return [_result(action, reply) for action, reply in zip(actions, results, strict=True)]
+            if isinstance(reply, Exception):
+                raise TierUnavailableError(self.name, reply)
+        return [_result(action, reply) for action, reply in zip(actions, replies, strict=True)]
 
     async def close(self) -> None:
         await self._client.aclose()
+
+
+class _Recorder:
+    """Stands in for a pipeline in ``_queue``: keeps each command's arguments for ``run_pipeline``."""
+
+    def __init__(self) -> None:
+        self.commands: list[tuple[Any, ...]] = []
+
+    def execute_command(self, *args: Any) -> None:
+        self.commands.append(args)
 
 
 def _result(action: CacheAction, reply: list[Any]) -> ActionResult:

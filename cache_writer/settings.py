@@ -12,6 +12,10 @@ class RedisSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FRESHKEY_REDIS_", extra="ignore")
 
     url: str = "redis://127.0.0.1:6379/0"
+    cluster: bool = Field(
+        False,
+        description="The URL names one node (a seed) of a Redis Cluster; the client discovers the rest.",
+    )
     password: SecretStr | None = None
     key_prefix: str = Field("fk", pattern=r"^[A-Za-z0-9_.-]+$")
     tombstone_ttl_s: int = Field(
@@ -21,3 +25,17 @@ class RedisSettings(BaseSettings):
     broadcast: bool = Field(
         True, description="Announce every applied change on <prefix>:invalidations for in-process tiers."
     )
+
+
+class L3Settings(BaseSettings):
+    """An optional outer tier: a second Redis with longer TTLs (``FRESHKEY_REDIS_L3_*``).
+
+    The pipeline invalidates it before L2 and writes it after L2, so no reader can refill L2 from it
+    with data the pipeline has already replaced.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="FRESHKEY_REDIS_L3_", extra="ignore")
+
+    url: str | None = Field(None, description="Unset: no L3.")
+    password: SecretStr | None = None
+    entry_ttl_s: int | None = Field(7 * 86_400, ge=1, description="TTL of live L3 entries.")

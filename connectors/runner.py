@@ -5,7 +5,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
+
+from opentelemetry import metrics
+from opentelemetry.metrics import CallbackOptions, Observation
 
 from connectors.binlog import BinlogSource, Boundary, current_position
 from connectors.checkpoint import BinlogPosition, CheckpointStore, CheckpointTracker
@@ -16,6 +19,29 @@ from connectors.topics import ensure_topics
 from schemas import DeadLetter, encode, message_key
 
 log = logging.getLogger(__name__)
+
+# -- OpenTelemetry (the API only: the entry point installs the SDK; names listed in pipeline.telemetry) --
+_meter = metrics.get_meter("freshkey")
+_ack_latency = _meter.create_histogram(
+    "freshkey.connector.ack.latency",
+    unit="ms",
+    description="Produce to Kafka acknowledging an event (acks=all).",
+    explicit_bucket_boundaries_advisory=(0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000),
+)
+_checkpoint_age: list[Callable[[], float]] = []
+"""The running connector's checkpoint age (seconds); empty when none runs in this process."""
+
+
+def _observe_checkpoint_age(options: CallbackOptions) -> Iterable[Observation]:
+    return [Observation(age()) for age in _checkpoint_age[-1:]]
+
+
+_meter.create_observable_gauge(
+    "freshkey.connector.checkpoint.age",
+    callbacks=[_observe_checkpoint_age],
+    unit="s",
+    description="Time since the saved checkpoint last moved; 0 while no read event waits for it.",
+)
 
 
 class ConnectorStats:
@@ -55,12 +81,21 @@ def run_connector(
     producer = ChangeProducer(kafka)
     stats = ConnectorStats()
     stop_saver = threading.Event()
+    saved = (time.monotonic(), start)
 
     def save_loop() -> None:
+        nonlocal saved
         while not stop_saver.wait(0.1):
             moved = tracker.take_if_moved()
             if moved is not None:
                 store.save(moved)
+                saved = (time.monotonic(), moved)
+
+    def checkpoint_age() -> float:
+        saved_at, position = saved
+        if tracker.outstanding == 0 and position == tracker.committed:
+            return 0.0
+        return time.monotonic() - saved_at
 
     saver = threading.Thread(target=save_loop, name="checkpoint-saver", daemon=True)
     saver.start()
@@ -76,6 +111,7 @@ def run_connector(
     if on_ready is not None:
         on_ready(start)
     last_report = time.monotonic()
+    _checkpoint_age.append(checkpoint_age)
     try:
         for item in source:
             producer.raise_if_failed()
@@ -109,6 +145,7 @@ def run_connector(
                     position.pos,
                 )
     finally:
+        _checkpoint_age.remove(checkpoint_age)
         source.close()
         remaining = producer.close(connector.flush_timeout_s)
         stop_saver.set()
@@ -129,9 +166,11 @@ def _produce(
     item: object,
 ) -> None:
     seq = tracker.produced()
+    sent = time.monotonic()
 
     def delivered() -> None:
         tracker.acknowledged(seq)
+        _ack_latency.record((time.monotonic() - sent) * 1000)
 
     if isinstance(item, DeadLetter):
         producer.produce(kafka.dead_letter_topic, b"connector", encode(item), delivered)

@@ -12,7 +12,7 @@ from typing import Any
 
 from cache_writer import CacheAction, entry_key
 from schemas import Binding, ChangeEvent, VersionError, column_version, encode_value
-from schemas.versions import datetime_to_us
+from schemas.versions import MAX_VERSION, datetime_to_us
 
 
 class BindError(ValueError):
@@ -52,14 +52,25 @@ def _value(binding: Binding, event: ChangeEvent, image: Mapping[str, Any]) -> by
 
 
 def event_version(binding: Binding, event: ChangeEvent) -> int:
+    """The version of this change: the event's (binlog coordinates), or the binding's version column.
+
+    A delete has no version column of its own (its before image holds the version of the row it
+    removes), so it is that version + 1: a delete is newer than the row state it removes, and a fill of
+    that state read just before the delete is refused by the tombstone.
+    """
     if binding.version_column is None:
         return event.version
     image = event.after if event.after is not None else event.before
     assert image is not None
     try:
-        return column_version(_column(image, binding.version_column, "version", event))
+        version = column_version(_column(image, binding.version_column, "version", event))
     except VersionError as exc:
         raise BindError(str(exc)) from None
+    if event.after is None:
+        if version >= MAX_VERSION:
+            raise BindError("version column at its maximum: a delete cannot be newer")
+        version += 1
+    return version
 
 
 def commit_time_us(binding: Binding, event: ChangeEvent) -> tuple[int, bool]:
@@ -87,13 +98,9 @@ def plan(binding: Binding, event: ChangeEvent, *, prefix: str) -> list[CacheActi
         if event.after is None or old_key != _key(binding, event, event.after, prefix):
             actions.append(CacheAction("invalidate", old_key, version, commit_us))
     if event.after is not None:
-        actions.append(
-            CacheAction(
-                "write",
-                _key(binding, event, event.after, prefix),
-                version,
-                commit_us,
-                _value(binding, event, event.after),
-            )
-        )
+        key = _key(binding, event, event.after, prefix)
+        if binding.on_change == "invalidate":
+            actions.append(CacheAction("invalidate", key, version, commit_us))
+        else:
+            actions.append(CacheAction("write", key, version, commit_us, _value(binding, event, event.after)))
     return actions

@@ -9,6 +9,7 @@ import typer
 from connectors.exceptions import ConfigurationError
 from pipeline.commands.connector import connector
 from pipeline.commands.doctor import doctor
+from pipeline.commands.verify import verify
 from pipeline.commands.worker import worker
 from pipeline.config import SettingsError
 from schemas import BindingError
@@ -23,12 +24,20 @@ app = typer.Typer(
 app.command()(doctor)
 app.command()(connector)
 app.command()(worker)
+app.command()(verify)
 
 
 def _register_optional() -> None:
+    """Commands whose modules import heavier things (torch, the embedded services) load lazily."""
+    from pipeline.commands.bench import bench
     from pipeline.commands.demo import demo
+    from pipeline.commands.heartbeat import heartbeat
+    from pipeline.commands.sla import sla
 
     app.command()(demo)
+    app.command()(sla)
+    app.command()(heartbeat)
+    app.command()(bench)
 
 
 def main() -> None:

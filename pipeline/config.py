@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from pydantic_settings import BaseSettings
 from rich.logging import RichHandler
 
-from cache_writer.settings import RedisSettings
+from cache_writer.settings import L3Settings, RedisSettings
 from connectors.settings import ConnectorSettings, KafkaSettings, MySQLSettings
 from pipeline.settings import BindingSettings, WorkerSettings
 from schemas import Bindings, parse_bindings
@@ -41,6 +41,7 @@ class AllSettings:
     kafka: KafkaSettings
     connector: ConnectorSettings
     redis: RedisSettings
+    l3: L3Settings
     worker: WorkerSettings
     bindings_path: Path
 
@@ -51,6 +52,7 @@ class AllSettings:
             kafka=load_settings(KafkaSettings, env_file),
             connector=load_settings(ConnectorSettings, env_file),
             redis=load_settings(RedisSettings, env_file),
+            l3=load_settings(L3Settings, env_file),
             worker=load_settings(WorkerSettings, env_file),
             bindings_path=load_settings(BindingSettings, env_file).bindings,
         )

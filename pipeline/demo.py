@@ -26,7 +26,8 @@ from typing import Any
 import pymysql
 import redis.asyncio as aioredis
 
-from cache_writer.entries import read_namespace
+from cache_writer import entry_key
+from cache_writer.entries import Entry, read_namespace
 from connectors.checkpoint import CheckpointStore
 from connectors.database import read_table
 from connectors.settings import MySQLSettings
@@ -37,7 +38,8 @@ from pipeline.local_services import (
     LocalRedis,
     free_port,
 )
-from pipeline.verify import VerifyReport, verify_namespace
+from pipeline.race import RaceConfig, RaceReaders
+from pipeline.verify import Verdict, VerifyReport, judge, verify_namespace
 from schemas import parse_bindings
 
 DATABASE = "freshkey_demo"
@@ -69,6 +71,7 @@ bindings:
     value_columns: [modality, content, embedding, updated_at]
     version_column: updated_at
     commit_time_column: updated_at
+    on_change: write
   - table: {DATABASE}.heartbeat
     namespace: {HEARTBEAT_NAMESPACE}
     version_column: beat_at
@@ -88,6 +91,7 @@ class DemoResult:
     stages_ms: dict[str, Any]
     catch_up_s: float
     verify: VerifyReport
+    race: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -100,6 +104,7 @@ class DemoResult:
             "catch_up_s": round(self.catch_up_s, 3),
             "lag_ms": {k: (round(v, 3) if isinstance(v, float) else v) for k, v in self.lag_ms.items()},
             "stages_ms": self.stages_ms,
+            **({"race": self.race} if self.race is not None else {}),
             "verify": {
                 "rows": self.verify.rows,
                 "entries": self.verify.entries,
@@ -165,7 +170,11 @@ def run_demo(
     workdir: Path | None = None,
     progress: Progress | None = None,
     catch_up_timeout_s: float = 180.0,
+    race: RaceConfig | None = None,
 ) -> DemoResult:
+    """Run the whole flow once. With ``race``, the sample table is bound in invalidate mode and
+    concurrent readers fill it after misses (with leases, or plainly) while the driver keeps changing
+    ``race.hot_rows`` rows; the verifier then covers the readers' L1 as well as Redis."""
     if changes < 1 or rate <= 0 or rows < 1:
         raise ValueError("changes, rate and rows must be positive")
     progress = progress or Progress()
@@ -183,7 +192,10 @@ def run_demo(
             with admin.cursor() as cur:
                 for statement in filter(str.strip, SCHEMA.split(";")):
                     cur.execute(statement)
-            (root / "bindings.yaml").write_text(BINDINGS)
+            bindings_text = (
+                BINDINGS if race is None else BINDINGS.replace("on_change: write", "on_change: invalidate")
+            )
+            (root / "bindings.yaml").write_text(bindings_text)
             web_port = free_port()
             env = {
                 **os.environ,
@@ -226,6 +238,22 @@ def run_demo(
                 alive,
             )
 
+            readers: RaceReaders | None = None
+            if race is not None:
+                binding = parse_bindings(bindings_text).bindings[0]
+                readers = RaceReaders(
+                    race,
+                    redis_url=cache.url,
+                    prefix=PREFIX,
+                    binding=binding,
+                    connect_db=lambda: db.connect(admin=False),
+                )
+                how = "with leases" if race.leases else "plain cache-aside"
+                progress.stage(f"starting {race.readers} readers ({how}) on {race.hot_rows} hot rows")
+                readers.start()
+                stack.callback(readers.stop)
+                rows = race.hot_rows
+
             progress.stage(f"driving {changes} changes at {rate:g}/s")
             started = time.monotonic()
             _drive(admin, changes=changes, rate=rate, rows=rows, seed=seed, progress=progress, check=alive)
@@ -253,24 +281,36 @@ def run_demo(
             caught_up_s = time.monotonic() - started
             stats = fetch_stats(stats_url) or {}
 
+            race_summary: dict[str, Any] | None = None
+            if readers is not None:
+                readers.pause()
+                race_summary = readers.summary()
             progress.stage("comparing every cache entry with the database")
-            report = _verify(db, cache.url)
+            report = _verify(db, cache.url, bindings_text)
+            if readers is not None and race_summary is not None:
+                l1_stale = _verify_l1(db, readers, bindings_text)
+                readers.stop()
+                race_summary["stale_l1"] = l1_stale
+                race_summary["stale_l2"] = report.stale
+                race_summary["stale"] = l1_stale + report.stale
     finally:
         if own_dir:
             shutil.rmtree(root, ignore_errors=True)
     outcomes = stats.get("outcomes", {})
     lag = stats.get("lag_ms", {}).get(NAMESPACE, {})
+    stale = report.stale if race_summary is None else race_summary["stale"]
     return DemoResult(
         changes=changes,
         applied=int(outcomes.get("redis:applied", 0)) + int(outcomes.get("redis:tombstoned", 0)),
-        stale=report.stale,
-        missing=report.missing,
+        stale=stale,
+        missing=report.missing if race is None else 0,
         throughput_per_s=changes / caught_up_s,
         drive_rate_per_s=changes / drive_s,
         lag_ms={"p50": lag.get("p50"), "p99": lag.get("p99"), "max": lag.get("max")},
         stages_ms=stats.get("stages_ms", {}),
         catch_up_s=caught_up_s - drive_s,
         verify=report,
+        race=race_summary,
     )
 
 
@@ -328,8 +368,21 @@ def _drive(
                 check()
 
 
-def _verify(db: LocalMariaDB, redis_url: str) -> VerifyReport:
-    bindings = parse_bindings(BINDINGS)
+def _verify_l1(db: LocalMariaDB, readers: RaceReaders, bindings_text: str) -> int:
+    """Stale entries in the readers' in-process L1 (each compared with its row now)."""
+    binding = parse_bindings(bindings_text).bindings[0]
+    settings = MySQLSettings(host=db.host, port=db.port, user=db.user, password=db.password)
+    rows = {entry_key(PREFIX, NAMESPACE, [r["id"]]): r for r in read_table(settings, DATABASE, "assets")}
+    stale = 0
+    for key, l1_entry in readers.l1.items():
+        entry = Entry(key=key, version=l1_entry.version, value=l1_entry.value, commit_ts_us=None)
+        verdict, _ = judge(binding, rows.get(key), entry)
+        stale += verdict is Verdict.STALE
+    return stale
+
+
+def _verify(db: LocalMariaDB, redis_url: str, bindings_text: str) -> VerifyReport:
+    bindings = parse_bindings(bindings_text)
     binding = bindings.for_table(DATABASE, "assets")
     assert binding is not None
     settings = MySQLSettings(host=db.host, port=db.port, user=db.user, password=db.password)

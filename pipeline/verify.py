@@ -1,29 +1,71 @@
-"""Compare a cache namespace with its table, entry by entry.
+"""Compare cache tiers with the database, entry by entry, and tell stale from still in flight.
 
-An entry is *stale* when its value or version differs from what the row says now, or when it is live
-while the row is gone. A row with no entry is *missing* (a lost change when every row went through the
-pipeline; a plain miss otherwise).
+An entry is *stale* when it is live and its value (or, with a version column, its version) differs
+from the row, or when it is live while the row is gone. A row without a live entry is *missing*: a
+plain miss for the application (never served stale), a lost change when every row went through the
+pipeline in write mode. A mismatch seen once may be a change still in flight; :func:`run_verification`
+re-checks each one after the SLA window and only then calls it stale.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import asyncio
+import math
+import random
+import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
+import pymysql
+import pymysql.cursors
+
 from cache_writer import entry_key
-from cache_writer.entries import Entry
-from schemas import Binding, column_version, encode_value
+from cache_writer.entries import Entry, parse_entry, read_namespace
+from cache_writer.redis_cluster import RedisClient, run_pipeline
+from connectors.settings import MySQLSettings
+from schemas import Binding, column_version, encode_value, row_to_json
+
+
+class Verdict(StrEnum):
+    OK = "ok"
+    STALE = "stale"
+    MISSING = "missing"
+
+
+def judge(binding: Binding, row: Mapping[str, Any] | None, entry: Entry | None) -> tuple[Verdict, str]:
+    """One row (None: it does not exist) against one entry (None: absent)."""
+    live = entry is not None and not entry.tombstone
+    if row is None:
+        if live:
+            assert entry is not None
+            return Verdict.STALE, f"live entry v{entry.version} for a row that does not exist"
+        return Verdict.OK, ""
+    if not live:
+        return Verdict.MISSING, "no live entry"
+    assert entry is not None
+    projected = row if binding.value_columns is None else {c: row[c] for c in binding.value_columns}
+    expected = encode_value(projected)
+    if entry.value != expected:
+        return Verdict.STALE, f"value {entry.value!r} != database {expected!r}"
+    if binding.version_column is not None:
+        want = column_version(row[binding.version_column])
+        if entry.version != want:
+            return Verdict.STALE, f"version {entry.version} != database {want}"
+    return Verdict.OK, ""
 
 
 @dataclass
 class VerifyReport:
     namespace: str
+    tier: str = "redis"
     rows: int = 0
     entries: int = 0
     checked: int = 0
     stale: int = 0
     missing: int = 0
+    in_flight: int = 0
     versions_checked: bool = False
     examples: list[str] = field(default_factory=list)
 
@@ -40,7 +82,10 @@ def verify_namespace(
     prefix: str,
     key_columns: tuple[str, ...],
 ) -> VerifyReport:
-    """``key_columns`` are the binding's, or the table's primary key when the binding names none."""
+    """Every row against the namespace's entries, and every entry without a row (one pass, no re-check).
+
+    ``key_columns`` are the binding's, or the table's primary key when the binding names none.
+    """
     report = VerifyReport(binding.namespace, entries=len(entries))
     report.versions_checked = binding.version_column is not None
     seen: set[str] = set()
@@ -48,26 +93,197 @@ def verify_namespace(
         report.rows += 1
         key = entry_key(prefix, binding.namespace, [row[c] for c in key_columns])
         seen.add(key)
-        entry = entries.get(key)
-        if entry is None:
-            report.missing += 1
-            report._example(f"missing: {key}")
-            continue
-        report.checked += 1
-        projected = row if binding.value_columns is None else {c: row[c] for c in binding.value_columns}
-        expected_value = encode_value(projected)
-        if entry.value != expected_value:
-            report.stale += 1
-            report._example(f"stale value: {key}: cache {entry.value!r} != db {expected_value!r}")
-        elif binding.version_column is not None and entry.version != column_version(
-            row[binding.version_column]
-        ):
-            report.stale += 1
-            report._example(f"stale version: {key}: cache v{entry.version}")
+        _count(report, key, *judge(binding, row, entries.get(key)))
     for key, entry in entries.items():
         if key not in seen:
-            report.checked += 1
-            if not entry.tombstone:
-                report.stale += 1
-                report._example(f"live entry for a deleted row: {key} v{entry.version}")
+            _count(report, key, *judge(binding, None, entry))
     return report
+
+
+def _count(report: VerifyReport, key: str, verdict: Verdict, reason: str) -> None:
+    if verdict is Verdict.MISSING:
+        report.missing += 1
+        report._example(f"missing: {key}")
+        return
+    report.checked += 1
+    if verdict is Verdict.STALE:
+        report.stale += 1
+        report._example(f"stale: {key}: {reason}")
+
+
+def nines(checked: int, stale: int) -> float:
+    """-log10 of the stale fraction, capped at what the sample size can show (log10(checked))."""
+    if checked <= 0:
+        return 0.0
+    cap = math.log10(checked)
+    if stale == 0:
+        return round(cap, 2)
+    return round(min(-math.log10(stale / checked), cap), 2)
+
+
+# -- the live verifier ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Verification:
+    window_ms: float
+    reports: list[VerifyReport]
+
+    @property
+    def checked(self) -> int:
+        return sum(r.checked for r in self.reports)
+
+    @property
+    def stale(self) -> int:
+        return sum(r.stale for r in self.reports)
+
+    @property
+    def in_flight(self) -> int:
+        return sum(r.in_flight for r in self.reports)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "checked": self.checked,
+            "stale": self.stale,
+            "in_flight": self.in_flight,
+            "nines": nines(self.checked, self.stale),
+            "window_ms": self.window_ms,
+            "ts_ms": int(time.time() * 1000),
+            "reports": [
+                {
+                    "namespace": r.namespace,
+                    "tier": r.tier,
+                    "rows": r.rows,
+                    "checked": r.checked,
+                    "stale": r.stale,
+                    "in_flight": r.in_flight,
+                    "missing": r.missing,
+                    "versions_checked": r.versions_checked,
+                    "examples": r.examples,
+                }
+                for r in self.reports
+            ],
+        }
+
+
+def _primary_key(conn: Any, database: str, table: str) -> tuple[str, ...]:
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT COLUMN_NAME FROM information_schema.KEY_COLUMN_USAGE WHERE TABLE_SCHEMA=%s "
+            "AND TABLE_NAME=%s AND CONSTRAINT_NAME='PRIMARY' ORDER BY ORDINAL_POSITION",
+            (database, table),
+        )
+        columns = tuple(str(r[0]) for r in cur.fetchall())
+    if not columns:
+        raise ValueError(f"{database}.{table} has no primary key")
+    return columns
+
+
+def _q(identifier: str) -> str:
+    return "`" + identifier.replace("`", "``") + "`"
+
+
+def _read_rows(
+    conn: Any, binding: Binding, key_columns: Sequence[str], *, keys: Sequence[Sequence[Any]] | None = None
+) -> list[dict[str, Any]]:
+    table = f"{_q(binding.database)}.{_q(binding.table_name)}"
+    with conn.cursor(pymysql.cursors.SSDictCursor) as cur:
+        if keys is None:
+            cur.execute(f"SELECT * FROM {table}")
+        else:
+            if not keys:
+                return []
+            where = " AND ".join(f"{_q(c)} = %s" for c in key_columns)
+            rows: list[dict[str, Any]] = []
+            for key in keys:
+                cur.execute(f"SELECT * FROM {table} WHERE {where}", tuple(key))
+                rows.extend(row_to_json(r) for r in cur.fetchall())
+            return rows
+        return [row_to_json(r) for r in cur]
+
+
+async def _entries(client: RedisClient, keys: Sequence[str]) -> dict[str, Entry | None]:
+    replies = await run_pipeline(client, [("HGETALL", key) for key in keys])
+    entries: dict[str, Entry | None] = {}
+    for key, fields in zip(keys, replies, strict=True):
+        if isinstance(fields, Exception):
+            raise fields
+        entries[key] = parse_entry(key, _as_dict(fields))
+    return entries
+
+
+def _as_dict(fields: Any) -> dict[bytes, bytes]:
+    if isinstance(fields, dict):
+        return fields
+    items = list(fields or [])
+    return dict(zip(items[::2], items[1::2], strict=True))
+
+
+async def run_verification(
+    mysql: MySQLSettings,
+    bindings: Sequence[Binding],
+    tiers: Sequence[tuple[str, RedisClient]],
+    *,
+    prefix: str,
+    window_ms: float,
+    sample: int | None = None,
+    seed: int | None = None,
+) -> Verification:
+    """Check every tier against the database (all rows, or a random sample of ``sample`` rows per
+    binding); each mismatch is checked again after ``window_ms``: still wrong -> stale, else in flight."""
+    conn = pymysql.connect(**mysql.connection_kwargs(), autocommit=True)
+    rng = random.Random(seed)
+    reports: list[VerifyReport] = []
+    suspects: list[tuple[VerifyReport, Binding, tuple[str, ...], RedisClient, str, list[Any]]] = []
+    try:
+        for binding in bindings:
+            key_columns = binding.key_columns or _primary_key(conn, binding.database, binding.table_name)
+            rows = _read_rows(conn, binding, key_columns)
+            if sample is not None and len(rows) > sample:
+                rows = rng.sample(rows, sample)
+                full = False
+            else:
+                full = True
+            by_key = {entry_key(prefix, binding.namespace, [r[c] for c in key_columns]): r for r in rows}
+            for tier_name, client in tiers:
+                report = VerifyReport(binding.namespace, tier=tier_name, rows=len(rows))
+                report.versions_checked = binding.version_column is not None
+                entries = await _entries(client, list(by_key))
+                if full:
+                    extra = await read_namespace(client, prefix, binding.namespace)
+                    for key, found in extra.items():
+                        entries.setdefault(key, found)
+                report.entries = sum(e is not None for e in entries.values())
+                for key, entry in entries.items():
+                    row = by_key.get(key)
+                    verdict, reason = judge(binding, row, entry)
+                    if verdict is Verdict.MISSING:
+                        report.missing += 1
+                        continue
+                    report.checked += 1
+                    if verdict is Verdict.STALE:
+                        values = [row[c] for c in key_columns] if row else _key_values(key)
+                        suspects.append((report, binding, key_columns, client, key, values))
+                reports.append(report)
+        if suspects:
+            await asyncio.sleep(window_ms / 1000)
+        for report, binding, key_columns, client, key, values in suspects:
+            rows_now = _read_rows(conn, binding, key_columns, keys=[values]) if values else []
+            entry_now = (await _entries(client, [key]))[key]
+            verdict, reason = judge(binding, rows_now[0] if rows_now else None, entry_now)
+            if verdict is Verdict.STALE:
+                report.stale += 1
+                report._example(f"stale after {window_ms:.0f} ms: {key}: {reason}")
+            else:
+                report.in_flight += 1
+    finally:
+        conn.close()
+    return Verification(window_ms, reports)
+
+
+def _key_values(key: str) -> list[Any]:
+    """Row key values from an entry key (for re-reading a row an entry claims exists)."""
+    from urllib.parse import unquote
+
+    row_part = key.split("}:", 1)[1]
+    return [unquote(part) for part in row_part.split("/")]

@@ -9,6 +9,7 @@ A bindings file (YAML or JSON) looks like::
         value_columns: [modality, content, embedding]   # default: every column
         version_column: updated_at    # default: the event's version (binlog coordinates)
         commit_time_column: updated_at  # a UTC DATETIME(6) set at commit; default: binlog time
+        on_change: write              # or invalidate: applications fill after a miss
 
 Parsing the text is here (pure); reading the file is the caller's job.
 """
@@ -16,7 +17,7 @@ Parsing the text is here (pure); reading the file is the caller's job.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 import yaml
@@ -38,6 +39,11 @@ class Binding(BaseModel):
     value_columns: tuple[str, ...] | None = None
     version_column: str | None = None
     commit_time_column: str | None = None
+    on_change: Literal["write", "invalidate"] = Field(
+        "write",
+        description="write: inserts and updates write the new row into the cache (deletes invalidate); "
+        "invalidate: every change only invalidates, and applications fill after a miss (under a lease).",
+    )
 
     @field_validator("table")
     @classmethod
@@ -53,6 +59,15 @@ class Binding(BaseModel):
         if value is not None and (not value or len(set(value)) != len(value)):
             raise ValueError("must be a non-empty list of distinct column names")
         return value
+
+    @model_validator(mode="after")
+    def _invalidate_needs_versions(self) -> Binding:
+        if self.on_change == "invalidate" and self.version_column is None:
+            raise ValueError(
+                "on_change: invalidate needs a version_column: application fills must carry the row's "
+                "version, so that a fill of a row read before a change is refused by its tombstone"
+            )
+        return self
 
     @property
     def database(self) -> str:

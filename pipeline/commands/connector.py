@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-from pathlib import Path
 from types import FrameType
 from typing import Annotated
 
@@ -11,7 +10,9 @@ import typer
 
 from connectors.exceptions import ConnectorError
 from connectors.runner import run_connector
-from pipeline.config import AllSettings, load_bindings, setup_logging
+from pipeline.commands import EnvFile
+from pipeline.config import AllSettings, load_bindings, load_settings, setup_logging
+from pipeline.telemetry import TelemetrySettings, configure_telemetry
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
@@ -19,15 +20,14 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 def connector(
-    env_file: Annotated[
-        Path | None, typer.Option("--env-file", help="Settings file (FRESHKEY_* lines).")
-    ] = None,
+    env_file: EnvFile = None,
     log_level: Annotated[str, typer.Option("--log-level")] = "INFO",
 ) -> None:
     """Run the binlog connector until interrupted (SIGINT/SIGTERM stop it cleanly)."""
     setup_logging(log_level)
     settings = AllSettings.load(env_file)
     bindings = load_bindings(settings.bindings_path)
+    configure_telemetry(load_settings(TelemetrySettings, env_file), service="connector")
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         run_connector(settings.mysql, settings.kafka, settings.connector, list(bindings.tables()))

@@ -26,6 +26,14 @@ def demo(
     json_path: Annotated[
         Path | None, typer.Option("--json", help="Also write the figures to this file.")
     ] = None,
+    race: Annotated[
+        bool, typer.Option("--race", help="Add concurrent readers that fill after misses (cache-aside).")
+    ] = False,
+    readers: Annotated[int, typer.Option("--readers", min=1, help="Readers with --race.")] = 8,
+    hot_rows: Annotated[int, typer.Option("--hot-rows", min=1, help="Rows readers and writers share.")] = 20,
+    leases: Annotated[
+        bool, typer.Option("--leases/--no-leases", help="With --race: fill under leases, or plainly.")
+    ] = True,
     workdir: Annotated[
         Path | None, typer.Option("--workdir", help="Keep services' data and logs here.")
     ] = None,
@@ -33,6 +41,7 @@ def demo(
     """Start MariaDB, Redis and a Kafka broker locally, run connector + worker, drive changes, verify."""
     from pipeline.demo import DemoError, run_demo
     from pipeline.demo import Progress as DemoProgress
+    from pipeline.race import RaceConfig
 
     bar = Progress(
         TextColumn("[bold]{task.description}"),
@@ -72,6 +81,7 @@ def demo(
             partitions=partitions,
             workdir=workdir,
             progress=RichProgress(),
+            race=RaceConfig(readers=readers, hot_rows=hot_rows, leases=leases) if race else None,
         )
     except KeyboardInterrupt:
         bar.stop()
@@ -100,6 +110,13 @@ def demo(
         ("stale", f"[{'green' if result.stale == 0 else 'red'}]{result.stale}[/]"),
         ("missing", f"[{'green' if result.missing == 0 else 'red'}]{result.missing}[/]"),
     ]
+    if result.race is not None:
+        r = result.race
+        rows_out += [
+            ("race readers", f"{r['readers']} ({'leases' if leases else 'plain cache-aside'})"),
+            ("reads / fills / fills rejected", f"{r['reads']} / {r['fills']} / {r['fills_rejected']}"),
+            ("stale in L1 / L2", f"{r['stale_l1']} / {r['stale_l2']}"),
+        ]
     for name, value in rows_out:
         table.add_row(name, value)
     console.print(table)

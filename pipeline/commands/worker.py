@@ -30,5 +30,5 @@ def worker(
     except ConnectorError as exc:
         typer.echo(f"freshkey worker: {exc}", err=True)
         raise typer.Exit(2) from None
-    app, _ = create_app(settings.worker, settings.kafka, settings.redis, bindings)
+    app, _ = create_app(settings.worker, settings.kafka, settings.redis, bindings, settings.l3)
     faust.Worker(app, loglevel=log_level.lower(), quiet=True).execute_from_commandline()

@@ -149,9 +149,10 @@ def test_version_column_integer_and_update_uses_after_image() -> None:
     assert [a.version for a in plan(b, ev, prefix=PREFIX)] == [5]
 
 
-def test_version_column_on_delete_comes_from_before_image() -> None:
+def test_a_delete_is_one_newer_than_the_row_state_it_removes() -> None:
     b = binding(version_column="updated_at")
-    assert [a.version for a in plan(b, event("d", before=ROW), prefix=PREFIX)] == [JAN_1_2024_US + 1]
+    row_version = JAN_1_2024_US + 1  # the before image's updated_at
+    assert [a.version for a in plan(b, event("d", before=ROW), prefix=PREFIX)] == [row_version + 1]
 
 
 def test_version_without_version_column_is_the_event_version() -> None:

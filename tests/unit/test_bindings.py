@@ -143,3 +143,12 @@ def test_second_binding_errors_name_its_index() -> None:
 def test_namespace_allows_dots_dashes_underscores() -> None:
     bindings = parse_bindings("- {table: shop.a, namespace: A-z_0.9}")
     assert bindings.bindings[0].namespace == "A-z_0.9"
+
+
+def test_invalidate_mode_needs_a_version_column() -> None:
+    with pytest.raises(BindingError, match="version_column"):
+        parse_bindings("bindings:\n  - table: a.b\n    namespace: n\n    on_change: invalidate\n")
+    ok = parse_bindings(
+        "bindings:\n  - table: a.b\n    namespace: n\n    on_change: invalidate\n    version_column: v\n"
+    )
+    assert ok.bindings[0].on_change == "invalidate"

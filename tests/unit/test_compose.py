@@ -5,7 +5,10 @@ would (YAML, merge keys, ``${VAR:-default}`` interpolation with no overrides set
 otherwise only fail after ``docker compose up``: every ``FRESHKEY_*`` variable names a real setting (the
 set of names is built from the pydantic-settings classes, so renaming a setting breaks this test), the
 values parse, the services point at each other, MySQL has the binlog settings ``freshkey doctor``
-demands, the bindings file is the demo's, only 127.0.0.1 is published, and the referenced files exist.
+demands, the bindings file is the demo's, only 127.0.0.1 is published, and the referenced files exist;
+and the monitoring: Prometheus scrapes the port each app serves its metrics on (bound so it can be
+reached), Grafana's provisioning is mounted where Grafana reads it, its datasource is the prometheus
+service and its dashboards provider reads a mounted directory of dashboards.
 
 Each check is a function that returns a list of problems; the negative tests feed broken copies of the
 compose file to the same functions and assert that the problem is reported.
@@ -17,6 +20,7 @@ import base64
 import copy
 import os
 import re
+import shutil
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -33,6 +37,7 @@ from cache_writer.settings import RedisSettings
 from connectors.settings import ConnectorSettings, KafkaSettings, MySQLSettings
 from pipeline import demo
 from pipeline.settings import BindingSettings, WorkerSettings
+from pipeline.telemetry import TelemetrySettings
 from schemas import BindingError, parse_bindings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -45,9 +50,13 @@ SETTINGS_CLASSES: tuple[type[BaseSettings], ...] = (
     RedisSettings,
     WorkerSettings,
     BindingSettings,
+    TelemetrySettings,
 )
-REQUIRED_SERVICES = ("mysql", "kafka", "redis", "connector", "worker")
+REQUIRED_SERVICES = ("mysql", "kafka", "redis", "connector", "worker", "prometheus", "grafana")
 APP_SERVICES = ("connector", "worker")
+METRICS_PORT_FIELDS = {"worker": "prometheus_port", "connector": "connector_prometheus_port"}
+"""The TelemetrySettings field that gives each app's /metrics port."""
+GRAFANA_PROVISIONING = "/etc/grafana/provisioning"
 
 Compose = dict[str, Any]
 Problems = list[str]
@@ -455,6 +464,117 @@ def check_referenced_files(compose: Compose) -> Problems:
     return problems
 
 
+def _mount_source(service: Mapping[str, Any], target: str) -> Path | None:
+    """The host path bind-mounted at ``target`` (or at a directory above it) in ``service``."""
+    for source, mounted_at, _ in volume_mounts(service):
+        if is_bind_mount(source) and (
+            target == mounted_at or target.startswith(mounted_at.rstrip("/") + "/")
+        ):
+            return host_path(source) / Path(target).relative_to(mounted_at)
+    return None
+
+
+def _option(service: Mapping[str, Any], name: str, default: str) -> str:
+    """``--name=value`` from a service's command."""
+    for arg in command_args(service):
+        if arg.startswith(f"--{name}="):
+            return arg.split("=", 1)[1]
+    return default
+
+
+def _scrape_targets(config: Mapping[str, Any]) -> set[tuple[str, str]]:
+    """(host, port) of every static or DNS-discovered scrape target."""
+    targets: set[tuple[str, str]] = set()
+    for job in config.get("scrape_configs") or []:
+        for static in job.get("static_configs") or []:
+            for target in static.get("targets") or []:
+                host, _, port = str(target).rpartition(":")
+                targets.add((host, port))
+        for dns in job.get("dns_sd_configs") or []:
+            if str(dns.get("type", "SRV")).upper() in ("A", "AAAA"):
+                targets.update((str(name), str(dns.get("port"))) for name in dns.get("names") or [])
+    return targets
+
+
+def check_metrics_scrape(compose: Compose) -> Problems:
+    """Each app serves /metrics on a port bound beyond loopback, and Prometheus scrapes that port."""
+    problems: Problems = []
+    svc = services(compose)
+    prometheus = svc.get("prometheus", {})
+    config_path = _option(prometheus, "config.file", "/etc/prometheus/prometheus.yml")
+    source = _mount_source(prometheus, config_path)
+    if source is None or not source.is_file():
+        return [f"prometheus: nothing from the repository is mounted at --config.file={config_path}"]
+    targets = _scrape_targets(yaml.safe_load(source.read_text()) or {})
+    for name, field in METRICS_PORT_FIELDS.items():
+        service = svc.get(name, {})
+        variable = f"FRESHKEY_TELEMETRY_{field.upper()}"
+        port = effective_env(service, variable, TelemetrySettings, field)
+        bind = effective_env(
+            service, "FRESHKEY_TELEMETRY_PROMETHEUS_BIND", TelemetrySettings, "prometheus_bind"
+        )
+        if port == "0":
+            problems.append(f"{name}: {variable}=0 turns its metrics off")
+        if bind != "0.0.0.0":
+            problems.append(
+                f"{name}: FRESHKEY_TELEMETRY_PROMETHEUS_BIND={bind}: inside the container it must be "
+                "0.0.0.0, or Prometheus cannot scrape it"
+            )
+        if (name, port) not in targets:
+            problems.append(
+                f"{name}: serves metrics on {port} ({variable}) but no scrape job in "
+                f"{source.name} reaches {name}:{port} (targets: {sorted(targets)})"
+            )
+    return problems
+
+
+def check_grafana(compose: Compose) -> Problems:
+    """Provisioning mounted; the datasource is the prometheus service; the dashboards dir is mounted."""
+    problems: Problems = []
+    svc = services(compose)
+    grafana = svc.get("grafana", {})
+    provisioning = _mount_source(grafana, GRAFANA_PROVISIONING)
+    if provisioning is None or not provisioning.is_dir():
+        return [f"grafana: no repository directory is mounted at {GRAFANA_PROVISIONING}"]
+    listen = _option(svc.get("prometheus", {}), "web.listen-address", ":9090")
+    want_url = f"http://prometheus:{listen.rpartition(':')[2]}"
+    sources = [
+        d
+        for f in sorted((provisioning / "datasources").glob("*.y*ml"))
+        for d in (yaml.safe_load(f.read_text()) or {}).get("datasources") or []
+    ]
+    prometheus_sources = [d for d in sources if d.get("type") == "prometheus"]
+    if not prometheus_sources:
+        problems.append(f"grafana: no prometheus datasource under {provisioning / 'datasources'}")
+    for source in prometheus_sources:
+        if str(source.get("url", "")).rstrip("/") != want_url:
+            problems.append(
+                f"grafana: datasource {source.get('name')!r} url is {source.get('url')!r}, want {want_url}"
+            )
+    providers = [
+        p
+        for f in sorted((provisioning / "dashboards").glob("*.y*ml"))
+        for p in (yaml.safe_load(f.read_text()) or {}).get("providers") or []
+    ]
+    if not providers:
+        problems.append(f"grafana: no dashboards provider under {provisioning / 'dashboards'}")
+    for provider in providers:
+        path = str((provider.get("options") or {}).get("path", ""))
+        mounted = _mount_source(grafana, path)
+        if mounted is None or not any(mounted.glob("*.json")):
+            problems.append(
+                f"grafana: dashboards provider reads {path}, where no directory of dashboards is mounted"
+            )
+    home = environment(grafana).get("GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH")
+    if home:
+        mounted = _mount_source(grafana, home)
+        if mounted is None or not mounted.is_file():
+            problems.append(
+                f"grafana: GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH={home} is not a mounted file"
+            )
+    return problems
+
+
 CHECKS: dict[str, Callable[[Compose], Problems]] = {
     "services": check_services,
     "mysql_binlog": check_mysql_binlog,
@@ -465,6 +585,8 @@ CHECKS: dict[str, Callable[[Compose], Problems]] = {
     "kafka": check_kafka,
     "bindings_mount": check_bindings_mount,
     "referenced_files": check_referenced_files,
+    "metrics_scrape": check_metrics_scrape,
+    "grafana": check_grafana,
 }
 
 
@@ -620,6 +742,12 @@ BROKEN: list[tuple[str, Callable[[Compose], object], str, str]] = [
     ),
     ("missing redis service", lambda c: services(c).pop("redis"), "services", "service 'redis' is missing"),
     (
+        "missing grafana service",
+        lambda c: services(c).pop("grafana"),
+        "services",
+        "service 'grafana' is missing",
+    ),
+    (
         "statement-based binlog",
         _replace_arg("mysql", "--binlog-format", "--binlog-format=MIXED"),
         "mysql_binlog",
@@ -684,7 +812,7 @@ BROKEN: list[tuple[str, Callable[[Compose], object], str, str]] = [
         "worker web port not published",
         lambda c: _env("worker")(c).update(FRESHKEY_WORKER_WEB_PORT="7000"),
         "ports",
-        "FRESHKEY_WORKER_WEB_PORT=7000 but the published container ports are ['6066']",
+        "FRESHKEY_WORKER_WEB_PORT=7000 but the published container ports are ['6066', '9464']",
     ),
     (
         "worker web bind loopback in the container",
@@ -736,6 +864,61 @@ BROKEN: list[tuple[str, Callable[[Compose], object], str, str]] = [
         lambda c: c["volumes"].pop("worker-data"),
         "referenced_files",
         "named volume 'worker-data' is not declared",
+    ),
+    (
+        "worker metrics bound to loopback",
+        lambda c: _env("worker")(c).update(FRESHKEY_TELEMETRY_PROMETHEUS_BIND="127.0.0.1"),
+        "metrics_scrape",
+        "worker: FRESHKEY_TELEMETRY_PROMETHEUS_BIND=127.0.0.1",
+    ),
+    (
+        "worker metrics on a port nobody scrapes",
+        lambda c: _env("worker")(c).update(FRESHKEY_TELEMETRY_PROMETHEUS_PORT="9999"),
+        "metrics_scrape",
+        "worker: serves metrics on 9999 (FRESHKEY_TELEMETRY_PROMETHEUS_PORT) but no scrape job",
+    ),
+    (
+        "connector metrics off",
+        lambda c: _env("connector")(c).update(FRESHKEY_TELEMETRY_CONNECTOR_PROMETHEUS_PORT="0"),
+        "metrics_scrape",
+        "connector: FRESHKEY_TELEMETRY_CONNECTOR_PROMETHEUS_PORT=0 turns its metrics off",
+    ),
+    (
+        "prometheus config not mounted",
+        lambda c: services(c)["prometheus"].update(volumes=["prometheus-data:/prometheus"]),
+        "metrics_scrape",
+        "nothing from the repository is mounted at --config.file=/etc/prometheus/prometheus.yml",
+    ),
+    (
+        "prometheus on another port",
+        _replace_arg("prometheus", "--web.listen-address", "--web.listen-address=:9091"),
+        "grafana",
+        "want http://prometheus:9091",
+    ),
+    (
+        "grafana provisioning not mounted",
+        lambda c: services(c)["grafana"].update(
+            volumes=["./deploy/grafana/dashboards:/etc/grafana/dashboards:ro"]
+        ),
+        "grafana",
+        "no repository directory is mounted at /etc/grafana/provisioning",
+    ),
+    (
+        "grafana dashboards mounted elsewhere",
+        lambda c: services(c)["grafana"].update(
+            volumes=[
+                "./deploy/grafana/provisioning:/etc/grafana/provisioning:ro",
+                "./deploy/grafana/dashboards:/var/lib/grafana/dashboards:ro",
+            ]
+        ),
+        "grafana",
+        "dashboards provider reads /etc/grafana/dashboards, where no directory of dashboards is mounted",
+    ),
+    (
+        "grafana published on every interface",
+        lambda c: services(c)["grafana"].update(ports=["3000:3000"]),
+        "ports",
+        "grafana: port 3000 is published on every interface",
     ),
 ]
 
@@ -838,3 +1021,29 @@ def test_no_secret_is_baked_into_the_image_build() -> None:
                 assert value.startswith("${"), (
                     f"{name}: {variable} is a literal; take it from the environment (${{VAR:-default}})"
                 )
+
+
+def test_grafana_check_reports_a_datasource_elsewhere(compose: Compose, tmp_path: Path) -> None:
+    provisioning = tmp_path / "provisioning"
+    shutil.copytree(REPO_ROOT / "deploy" / "grafana" / "provisioning", provisioning)
+    datasource = provisioning / "datasources" / "prometheus.yml"
+    datasource.write_text(datasource.read_text().replace("http://prometheus:9090", "http://localhost:9090"))
+    broken = copy.deepcopy(compose)
+    services(broken)["grafana"]["volumes"][0] = f"{provisioning}:/etc/grafana/provisioning:ro"
+    problems = check_grafana(broken)
+    assert any("url is 'http://localhost:9090', want http://prometheus:9090" in p for p in problems), problems
+
+
+def test_scrape_check_reads_static_targets(compose: Compose, tmp_path: Path) -> None:
+    """Static targets count like DNS-discovered ones; a target on the wrong host does not."""
+    config = tmp_path / "prometheus.yml"
+    jobs = [
+        {"job_name": "w", "static_configs": [{"targets": ["worker:9464"]}]},
+        {"job_name": "c", "static_configs": [{"targets": ["localhost:9465"]}]},
+    ]
+    config.write_text(yaml.safe_dump({"scrape_configs": jobs}))
+    broken = copy.deepcopy(compose)
+    services(broken)["prometheus"]["volumes"] = [f"{config}:/etc/prometheus/prometheus.yml:ro"]
+    problems = check_metrics_scrape(broken)
+    assert not any(p.startswith("worker:") for p in problems), problems
+    assert any("connector: serves metrics on 9465" in p and "connector:9465" in p for p in problems), problems

@@ -1,0 +1,300 @@
+"""The application side: read through the tiers, and fill after a miss only under a valid lease.
+
+``get`` reads L1 (in-process) -> L2 (Redis) -> L3 (an optional second Redis); a miss returns a
+:class:`Lease` when this caller is the one to fill the key (one holder per key at a time: stampede
+protection) or ``lease=None`` when another caller already is (wait briefly, or read through without
+filling). ``fill`` lands only if no pipeline write or invalidation touched the key since the lease was
+issued (checked atomically in Redis: both remove the lease): the stale-fill race of cache-aside, where
+a reader's database read happens before a change and its fill after the change's invalidation, cannot
+leave old data behind. ``get_or_load`` wraps the whole dance around a loader.
+
+:class:`CacheClient` is for asyncio applications, :class:`SyncCacheClient` for the rest; both speak the
+Redis layout in the README.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+
+from cache_writer.keys import entry_key
+from cache_writer.l1 import L1Cache
+from cache_writer.redis_tier import _script
+from schemas.events import KeyValue
+
+GET_OR_LEASE_SCRIPT, GET_OR_LEASE_SHA = _script("get_or_lease.lua")
+FILL_SCRIPT, FILL_SHA = _script("fill_with_lease.lua")
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    value: bytes
+    version: int
+    tier: str
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    key: str
+    token: str
+    held_version: int | None
+    """The version the key held when the lease was issued (a tombstone's), None when absent."""
+
+
+@dataclass(frozen=True, slots=True)
+class Miss:
+    key: str
+    lease: Lease | None
+    """None: another caller holds the lease for this key."""
+
+
+class FillResult(StrEnum):
+    FILLED = "filled"
+    LEASE_VOID = "lease-void"
+    """A write or invalidation reached the key after the lease was issued, or the lease expired."""
+    STALE = "stale"
+    """The key already holds a newer version than the row that was read."""
+
+
+Loaded = tuple[bytes, int | None] | None
+"""What a loader returns: (value JSON, row version or None) or None when the row does not exist."""
+
+
+def _decode_get(key: str, reply: Sequence[Any]) -> Hit | Miss:
+    status = int(reply[0])
+    if status == 1:
+        return Hit(bytes(reply[2]), int(reply[1]), "l2")
+    held = int(reply[2]) if reply[2] not in (b"", "") else None
+    if status == 0:
+        token = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
+        return Miss(key, Lease(key, token, held))
+    return Miss(key, None)
+
+
+def _decode_fill(reply: Sequence[Any]) -> FillResult:
+    if int(reply[0]) == 1:
+        return FillResult.FILLED
+    reason = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
+    return FillResult.STALE if reason == "stale" else FillResult.LEASE_VOID
+
+
+def _l3_entry(fields: dict[bytes, bytes]) -> tuple[int, bytes] | None:
+    if b"v" in fields and b"d" in fields and b"tomb" not in fields:
+        return int(fields[b"v"]), fields[b"d"]
+    return None
+
+
+class _Base:
+    def __init__(
+        self,
+        *,
+        prefix: str,
+        l1: L1Cache | None,
+        lease_ttl_ms: int,
+        entry_ttl_ms: int | None,
+    ) -> None:
+        if lease_ttl_ms <= 0:
+            raise ValueError("lease_ttl_ms must be positive")
+        self.prefix = prefix
+        self.l1 = l1
+        self.lease_ttl_ms = lease_ttl_ms
+        self._entry_ttl = str(entry_ttl_ms or 0)
+        self.counts: Counter[str] = Counter()
+
+    def key(self, namespace: str, key_values: Sequence[KeyValue]) -> str:
+        return entry_key(self.prefix, namespace, key_values)
+
+    def _from_l1(self, key: str) -> Hit | None:
+        if self.l1 is None:
+            return None
+        entry = self.l1.get(key)
+        if entry is None:
+            return None
+        return Hit(entry.value, entry.version, "l1")
+
+    def _count(self, result: Hit | Miss) -> None:
+        self.counts["reads"] += 1
+        if isinstance(result, Hit):
+            self.counts[f"hits_{result.tier}"] += 1
+        else:
+            self.counts["misses"] += 1
+            self.counts["leases" if result.lease else "lease_waits"] += 1
+
+    def _fill_args(self, lease: Lease, value: bytes, version: int | None) -> list[Any]:
+        return [lease.token, value, "" if version is None else str(version), self._entry_ttl]
+
+
+class CacheClient(_Base):
+    """asyncio client. ``l3`` is an optional outer Redis read on an L2 miss (and used to fill L2)."""
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        *,
+        prefix: str = "fk",
+        l1: L1Cache | None = None,
+        l3: aioredis.Redis | None = None,
+        lease_ttl_ms: int = 2_000,
+        entry_ttl_ms: int | None = None,
+    ) -> None:
+        super().__init__(prefix=prefix, l1=l1, lease_ttl_ms=lease_ttl_ms, entry_ttl_ms=entry_ttl_ms)
+        self.redis = client
+        self.l3 = l3
+
+    async def _evalsha(self, sha: str, script: str, key: str, *args: Any) -> Any:
+        try:
+            return await self.redis.evalsha(sha, 1, key, *args)
+        except redis.exceptions.NoScriptError:
+            await self.redis.script_load(script)
+            return await self.redis.evalsha(sha, 1, key, *args)
+
+    async def get(self, namespace: str, key_values: Sequence[KeyValue]) -> Hit | Miss:
+        key = self.key(namespace, key_values)
+        result = self._from_l1(key) or await self._get_l2(key)
+        self._count(result)
+        return result
+
+    async def _get_l2(self, key: str) -> Hit | Miss:
+        reply = await self._evalsha(
+            GET_OR_LEASE_SHA, GET_OR_LEASE_SCRIPT, key, secrets.token_hex(8), self.lease_ttl_ms
+        )
+        result = _decode_get(key, reply)
+        if isinstance(result, Hit):
+            if self.l1 is not None:
+                self.l1.put(key, result.version, result.value)
+            return result
+        if self.l3 is not None and result.lease is not None:
+            outer = _l3_entry(await self.l3.hgetall(key))  # type: ignore[arg-type]
+            if outer is not None and await self.fill(result.lease, outer[1], outer[0]) is FillResult.FILLED:
+                return Hit(outer[1], outer[0], "l3")
+        return result
+
+    async def fill(self, lease: Lease, value: bytes, version: int | None = None) -> FillResult:
+        """Fill after a miss. ``version``: the row's version when the binding has a version column."""
+        outcome = _decode_fill(
+            await self._evalsha(FILL_SHA, FILL_SCRIPT, lease.key, *self._fill_args(lease, value, version))
+        )
+        self.counts[f"fill_{outcome.value}"] += 1
+        if outcome is FillResult.FILLED and self.l1 is not None:
+            # The version a fill lands with is the row's, or the one the key held (tombstone) or 0.
+            landed = version if version is not None else (lease.held_version or 0)
+            self.l1.put(lease.key, landed, value)
+        return outcome
+
+    async def get_or_load(
+        self,
+        namespace: str,
+        key_values: Sequence[KeyValue],
+        loader: Callable[[], Awaitable[Loaded]],
+        *,
+        wait_s: float = 0.01,
+        attempts: int = 5,
+    ) -> bytes | None:
+        """The value from the cache, else from ``loader`` (filled under a lease when this caller holds it).
+
+        When another caller holds the lease, wait ``wait_s`` and look again, up to ``attempts`` times,
+        then read through (load without filling).
+        """
+        for _ in range(attempts):
+            result = await self.get(namespace, key_values)
+            if isinstance(result, Hit):
+                return result.value
+            if result.lease is not None:
+                loaded = await loader()
+                if loaded is None:
+                    return None
+                await self.fill(result.lease, loaded[0], loaded[1])
+                return loaded[0]
+            await asyncio.sleep(wait_s)
+        self.counts["read_through"] += 1
+        loaded = await loader()
+        return None if loaded is None else loaded[0]
+
+
+class SyncCacheClient(_Base):
+    """The same protocol for synchronous applications (redis-py's blocking client)."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        prefix: str = "fk",
+        l1: L1Cache | None = None,
+        l3: redis.Redis | None = None,
+        lease_ttl_ms: int = 2_000,
+        entry_ttl_ms: int | None = None,
+    ) -> None:
+        super().__init__(prefix=prefix, l1=l1, lease_ttl_ms=lease_ttl_ms, entry_ttl_ms=entry_ttl_ms)
+        self.redis = client
+        self.l3 = l3
+
+    def _evalsha(self, sha: str, script: str, key: str, *args: Any) -> Any:
+        try:
+            return self.redis.evalsha(sha, 1, key, *args)
+        except redis.exceptions.NoScriptError:
+            self.redis.script_load(script)
+            return self.redis.evalsha(sha, 1, key, *args)
+
+    def get(self, namespace: str, key_values: Sequence[KeyValue]) -> Hit | Miss:
+        key = self.key(namespace, key_values)
+        result = self._from_l1(key) or self._get_l2(key)
+        self._count(result)
+        return result
+
+    def _get_l2(self, key: str) -> Hit | Miss:
+        reply = self._evalsha(
+            GET_OR_LEASE_SHA, GET_OR_LEASE_SCRIPT, key, secrets.token_hex(8), self.lease_ttl_ms
+        )
+        result = _decode_get(key, reply)
+        if isinstance(result, Hit):
+            if self.l1 is not None:
+                self.l1.put(key, result.version, result.value)
+            return result
+        if self.l3 is not None and result.lease is not None:
+            outer = _l3_entry(self.l3.hgetall(key))  # type: ignore[arg-type]
+            if outer is not None and self.fill(result.lease, outer[1], outer[0]) is FillResult.FILLED:
+                return Hit(outer[1], outer[0], "l3")
+        return result
+
+    def fill(self, lease: Lease, value: bytes, version: int | None = None) -> FillResult:
+        outcome = _decode_fill(
+            self._evalsha(FILL_SHA, FILL_SCRIPT, lease.key, *self._fill_args(lease, value, version))
+        )
+        self.counts[f"fill_{outcome.value}"] += 1
+        if outcome is FillResult.FILLED and self.l1 is not None:
+            landed = version if version is not None else (lease.held_version or 0)
+            self.l1.put(lease.key, landed, value)
+        return outcome
+
+    def get_or_load(
+        self,
+        namespace: str,
+        key_values: Sequence[KeyValue],
+        loader: Callable[[], Loaded],
+        *,
+        wait_s: float = 0.01,
+        attempts: int = 5,
+    ) -> bytes | None:
+        for _ in range(attempts):
+            result = self.get(namespace, key_values)
+            if isinstance(result, Hit):
+                return result.value
+            if result.lease is not None:
+                loaded = loader()
+                if loaded is None:
+                    return None
+                self.fill(result.lease, loaded[0], loaded[1])
+                return loaded[0]
+            time.sleep(wait_s)
+        self.counts["read_through"] += 1
+        loaded = loader()
+        return None if loaded is None else loaded[0]

@@ -1,0 +1,34 @@
+-- freshkey: an application fill after a miss lands only while its lease is valid: no write or
+-- invalidation touched the key since the lease was issued (both remove the lease fields) and it has not
+-- expired. This closes the stale-fill race that version checks alone do not (invariant 3).
+-- KEYS[1]  entry key
+-- ARGV[1]  lease token
+-- ARGV[2]  value (JSON bytes)
+-- ARGV[3]  version of the row that was read ('' = keep the version the key holds, or 0)
+-- ARGV[4]  entry TTL in ms, '0' for none
+-- returns {1, version} when filled; {0, 'lease'} when the lease is void or expired;
+--         {0, 'stale'} when the key holds a newer version than the row that was read
+local function gt(a, b)
+  if #a ~= #b then return #a > #b end
+  return a > b
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local h = redis.call('HMGET', KEYS[1], 'v', 'l', 'le')
+if h[2] ~= ARGV[1] or not h[3] or tonumber(h[3]) <= now then
+  return {0, 'lease'}
+end
+local version = ARGV[3]
+if version == '' then
+  version = h[1] or '0'
+elseif h[1] and gt(h[1], version) then
+  return {0, 'stale'}
+end
+redis.call('HSET', KEYS[1], 'v', version, 'd', ARGV[2], 'c', string.format('%.0f', now * 1000))
+redis.call('HDEL', KEYS[1], 'tomb', 'l', 'le')
+if ARGV[4] ~= '0' then
+  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+else
+  redis.call('PERSIST', KEYS[1])
+end
+return {1, version}

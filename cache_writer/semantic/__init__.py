@@ -1,0 +1,53 @@
+"""Semantic keys: normalization, embedding decoding, key-hash weights and US-HASH (bit-exact everywhere).
+
+Applications import this package to address cache entries the way the pipeline does; it needs torch
+and nothing of Faust or Kafka.
+"""
+
+from cache_writer.semantic.embeddings import EmbeddingDtype, decode_embedding, decode_embeddings
+from cache_writer.semantic.exceptions import (
+    DeviceUnavailableError,
+    EmbeddingError,
+    EncoderUnavailableError,
+    SemanticKeyError,
+    WeightsDigestMismatch,
+    WeightsError,
+)
+from cache_writer.semantic.fallback_embedder import HashingTextEmbedder
+from cache_writer.semantic.keys import SemanticKeyer, format_key, key_words, parse_key, resolve_device
+from cache_writer.semantic.normalize import MODALITIES, Modality, TextRules, normalize_text
+from cache_writer.semantic.ushash import USHash, quantize
+from cache_writer.semantic.weights import (
+    KeyHashWeights,
+    load_update_weights,
+    load_weights,
+    verify_digest,
+)
+
+__all__ = [
+    "MODALITIES",
+    "DeviceUnavailableError",
+    "EmbeddingDtype",
+    "EmbeddingError",
+    "EncoderUnavailableError",
+    "HashingTextEmbedder",
+    "KeyHashWeights",
+    "Modality",
+    "SemanticKeyError",
+    "SemanticKeyer",
+    "TextRules",
+    "USHash",
+    "WeightsDigestMismatch",
+    "WeightsError",
+    "decode_embedding",
+    "decode_embeddings",
+    "format_key",
+    "key_words",
+    "load_update_weights",
+    "load_weights",
+    "normalize_text",
+    "parse_key",
+    "quantize",
+    "resolve_device",
+    "verify_digest",
+]

@@ -1,0 +1,93 @@
+"""``freshkey sla``: the worker's SLA state (``/freshkey/sla``) as a table; exit code 1 when violated."""
+
+from __future__ import annotations
+
+import datetime as dt
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Annotated
+
+import orjson
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from pipeline.commands import EnvFile
+from pipeline.config import load_settings
+from pipeline.settings import WorkerSettings
+from pipeline.sla import SlaState, TargetState
+
+console = Console()
+
+_STYLE = {"ok": "green", "violated": "red", "no_data": "yellow"}
+
+
+def _when(ms: int) -> str:
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _value(target: TargetState, value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.4%}" if target.unit == "fraction" else f"{value:.1f} ms"
+
+
+def fetch_sla(url: str, timeout_s: float = 5.0) -> tuple[SlaState, bytes]:
+    """The worker's SLA state and the raw JSON it answered. Raises OSError or ValueError."""
+    with urllib.request.urlopen(url, timeout=timeout_s) as response:
+        raw: bytes = response.read()
+    return SlaState.model_validate(orjson.loads(raw)), raw
+
+
+def sla(
+    url: Annotated[
+        str | None,
+        typer.Option(
+            "--url", help="The worker's SLA endpoint (default: http://<FRESHKEY_WORKER_WEB_*>/freshkey/sla)."
+        ),
+    ] = None,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Also write the state here.")] = None,
+    env_file: EnvFile = None,
+) -> None:
+    """Print the SLA targets and how the worker measures against them (exit 1: violated, 2: no answer)."""
+    if url is None:
+        worker = load_settings(WorkerSettings, env_file)
+        host = "127.0.0.1" if worker.web_bind in ("0.0.0.0", "::", "") else worker.web_bind
+        url = f"http://{host}:{worker.web_port}/freshkey/sla"
+    try:
+        state, raw = fetch_sla(url)
+    except (OSError, ValueError, ValidationError) as exc:
+        reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+        console.print(f"[red]✗[/red] no SLA state from {url}: {reason} (is the worker running?)")
+        raise typer.Exit(2) from None
+    if json_path is not None:
+        json_path.write_bytes(orjson.dumps(orjson.loads(raw), option=orjson.OPT_INDENT_2) + b"\n")
+    style = _STYLE[state.status]
+    table = Table(
+        title=f"freshkey SLA of {state.worker or url} (last {state.evaluation_window_s:g} s, "
+        f"{state.samples} samples): [{style}]{state.status}[/{style}] since {_when(state.since_ms)}"
+    )
+    for column in ("target", "status", "measured", "threshold", "since", "detail"):
+        table.add_column(column, justify="right" if column in ("measured", "threshold") else "left")
+    for target in state.targets:
+        s = _STYLE[target.status]
+        table.add_row(
+            target.name,
+            f"[{s}]{target.status}[/{s}]",
+            _value(target, target.measured),
+            _value(target, target.threshold),
+            _when(target.since_ms),
+            target.detail,
+        )
+    console.print(table)
+    if state.p50_ms is not None:
+        console.print(
+            f"lag p50 {state.p50_ms:.1f} ms, p99 {state.p99_ms:.1f} ms, max {state.max_ms:.1f} ms "
+            f"(percentiles at most 4.5 % high); {state.violations} violation(s) since the worker started"
+        )
+    if state.last_event is not None:
+        console.print(f"last event ({_when(state.last_event.at_ms)}): {state.last_event.message}")
+    if state.violated:
+        raise typer.Exit(1)

@@ -1,0 +1,92 @@
+"""``freshkey verify``: compare every cache tier with the database; stale vs still in flight."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Annotated
+
+import orjson
+import redis.asyncio as aioredis
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from cache_writer.redis_cluster import RedisClient
+from cache_writer.redis_tier import connect
+from pipeline.commands import EnvFile
+from pipeline.config import AllSettings, load_bindings
+from pipeline.verify import Verification, nines, run_verification
+
+console = Console()
+
+
+def latest_key(prefix: str) -> str:
+    """Where the latest verification is kept (JSON), for the worker's /freshkey/verify and dashboard."""
+    return f"{prefix}:verify:latest"
+
+
+def verify(
+    env_file: EnvFile = None,
+    sample: Annotated[
+        int | None, typer.Option("--sample", min=1, help="Rows per binding (random); default: all rows.")
+    ] = None,
+    window_ms: Annotated[
+        float, typer.Option("--window-ms", min=0, help="Re-check mismatches after this long (SLA window).")
+    ] = 1500.0,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Also write the figures here.")] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="Seed of the row sample.")] = None,
+) -> None:
+    """Check L2 (and L3 when configured) against the database, entry by entry."""
+    settings = AllSettings.load(env_file)
+    bindings = load_bindings(settings.bindings_path)
+
+    async def main() -> Verification:
+        tiers: list[tuple[str, RedisClient]] = [("redis", connect(settings.redis))]
+        if settings.l3.url:
+            password = settings.l3.password.get_secret_value() if settings.l3.password else None
+            tiers.append(("redis-l3", aioredis.Redis.from_url(settings.l3.url, password=password)))
+        try:
+            result = await run_verification(
+                settings.mysql,
+                bindings.bindings,
+                tiers,
+                prefix=settings.redis.key_prefix,
+                window_ms=window_ms,
+                sample=sample,
+                seed=seed,
+            )
+            await tiers[0][1].set(latest_key(settings.redis.key_prefix), orjson.dumps(result.to_json()))
+            return result
+        finally:
+            for _, client in tiers:
+                await client.aclose()
+
+    result = asyncio.run(main())
+    table = Table(title=f"freshkey verify (re-check after {window_ms:.0f} ms)")
+    for column in ("namespace", "tier", "rows", "checked", "stale", "in flight", "missing", "nines"):
+        table.add_column(column, justify="left" if column in ("namespace", "tier") else "right")
+    for r in result.reports:
+        table.add_row(
+            r.namespace,
+            r.tier,
+            str(r.rows),
+            str(r.checked),
+            f"[{'red' if r.stale else 'green'}]{r.stale}[/]",
+            str(r.in_flight),
+            str(r.missing),
+            f"{nines(r.checked, r.stale):.2f}",
+        )
+    console.print(table)
+    for r in result.reports:
+        for example in r.examples:
+            console.print(f"  {r.namespace}/{r.tier}: {example}")
+    figures = result.to_json()
+    console.print(
+        f"checked {figures['checked']}, stale {figures['stale']}, in flight {figures['in_flight']}: "
+        f"{figures['nines']} nines within {window_ms:.0f} ms"
+    )
+    if json_path is not None:
+        json_path.write_bytes(orjson.dumps(figures, option=orjson.OPT_INDENT_2))
+    if result.stale:
+        raise typer.Exit(1)

@@ -1,0 +1,302 @@
+"""The SLA evaluator: percentiles from buckets within the documented bound, transitions, sliding window."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from pathlib import Path
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline.sla import (
+    BOUNDS,
+    BUCKETS,
+    GROWTH,
+    MIN_BUCKET_MS,
+    SlaEvaluator,
+    SlaSettings,
+    SlaState,
+    SlaViolation,
+    bucket_of,
+    quantile_from_buckets,
+)
+
+
+class Clock:
+    def __init__(self, start: float = 1_800_000_000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def nearest_rank(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[max(1, math.ceil(q * len(ordered))) - 1]
+
+
+def evaluator(clock: Clock, **overrides: object) -> SlaEvaluator:
+    base: dict[str, object] = {"evaluation_window_s": 10.0, "p99_lag_ms": 200.0, "window_ms": 1500.0}
+    return SlaEvaluator(SlaSettings(**{**base, **overrides}), worker="w1", clock=clock)  # type: ignore[arg-type]
+
+
+def feed(ev: SlaEvaluator, clock: Clock, lags: list[float], *, spread_s: float = 0.0) -> None:
+    for lag in lags:
+        ev.on_applied("ns", "u", lag, coarse=False, stages={})
+        clock.advance(spread_s / max(len(lags), 1))
+
+
+def test_bucket_bounds_grow_by_the_documented_ratio() -> None:
+    assert BOUNDS[0] == MIN_BUCKET_MS and len(BOUNDS) == BUCKETS
+    assert all(math.isclose(b / a, GROWTH) for a, b in itertools.pairwise(BOUNDS))
+    assert bucket_of(BOUNDS[5]) == 5, "a bound belongs to the bucket it closes"
+    assert bucket_of(BOUNDS[5] * 1.000001) == 6
+    assert bucket_of(-3.0) == 0 and bucket_of(1e12) == BUCKETS
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    values=st.lists(st.floats(min_value=0.2, max_value=100_000, allow_nan=False), min_size=1, max_size=400),
+    q=st.sampled_from([0.5, 0.9, 0.99, 0.999]),
+)
+def test_quantile_from_buckets_is_never_low_and_at_most_4_43_percent_high(
+    values: list[float], q: float
+) -> None:
+    counts: dict[int, int] = {}
+    for v in values:
+        counts[bucket_of(v)] = counts.get(bucket_of(v), 0) + 1
+    exact = nearest_rank(values, q)
+    estimate = quantile_from_buckets(counts, q, max_ms=max(values))
+    assert estimate is not None
+    assert exact <= estimate < exact * GROWTH
+    assert GROWTH - 1 < 0.0443
+
+
+def test_p99_of_a_realistic_distribution_against_the_exact_one() -> None:
+    rng = random.Random(7)
+    clock = Clock()
+    ev = evaluator(clock, evaluation_window_s=60.0)
+    values = [rng.lognormvariate(3, 0.8) for _ in range(20_000)]
+    feed(ev, clock, values, spread_s=30)
+    state, _ = ev.evaluate()
+    exact = nearest_rank(values, 0.99)
+    assert state.samples == len(values)
+    assert state.p99_ms is not None and exact <= state.p99_ms < exact * GROWTH
+    assert state.max_ms == max(values)
+
+
+def test_the_p99_decision_is_exact_at_the_threshold() -> None:
+    clock = Clock()
+    ev = evaluator(clock)
+    feed(ev, clock, [10.0] * 99 + [200.0])  # p99 (nearest rank) is exactly the threshold: met
+    state, events = ev.evaluate()
+    assert state.status == "ok" and not events
+    feed(ev, clock, [10.0] * 98 + [250.0] * 2)  # 2 of 200 above: the 198th of 200 is still 200.0
+    state, events = ev.evaluate()
+    assert state.status == "ok" and not events
+    feed(ev, clock, [250.0])  # 3 of 201 above: the 199th of 201 is 250.0
+    state, events = ev.evaluate()
+    assert {t.name: t.status for t in state.targets}["p99_lag"] == "violated"
+    assert [e.violated for e in events] == [("p99_lag",)]
+
+
+def test_a_burst_of_slow_samples_emits_one_violation_then_one_recovery() -> None:
+    clock = Clock()
+    ev = evaluator(clock, evaluation_window_s=10.0)
+    assert ev.evaluate()[0].status == "no_data"
+    events: list[SlaViolation] = []
+    for _ in range(20):  # 2 s of healthy traffic
+        feed(ev, clock, [15.0] * 10, spread_s=0.1)
+        events += ev.evaluate()[1]
+    assert ev.state.status == "ok" and events == []
+
+    feed(ev, clock, [1800.0] * 30, spread_s=0.3)  # a stall: 30 changes 1.8 s late
+    for _ in range(30):  # 3 s in violation: evaluated again and again, still one event
+        feed(ev, clock, [15.0] * 10, spread_s=0.1)
+        events += ev.evaluate()[1]
+    assert [e.kind for e in events] == ["violation"]
+    violation = events[0]
+    assert set(violation.violated) == {"p99_lag", "consistency_window"}
+    assert ev.state.violations == 1
+    assert violation.worker == "w1" and "p99 lag" in violation.message
+    assert ev.state.violated and ev.state.violations == 1
+    assert ev.state.last_event == violation
+
+    for _ in range(120):  # the slow samples leave the 10 s window
+        feed(ev, clock, [15.0] * 10, spread_s=0.1)
+        events += ev.evaluate()[1]
+    assert [e.kind for e in events] == ["violation", "recovery"]
+    recovery = events[1]
+    assert recovery.since_ms == violation.at_ms and recovery.at_ms > violation.at_ms
+    assert set(recovery.violated) == {"p99_lag", "consistency_window"}
+    assert ev.state.status == "ok" and ev.state.violations == 1
+
+
+def test_the_window_slides_and_forgets_old_samples() -> None:
+    clock = Clock()
+    ev = evaluator(clock, evaluation_window_s=6.0)
+    feed(ev, clock, [5000.0] * 5)
+    assert ev.evaluate()[0].samples == 5
+    clock.advance(5.8)
+    feed(ev, clock, [10.0] * 3)
+    state, _ = ev.evaluate()
+    assert state.samples == 8 and state.max_ms == 5000.0
+    clock.advance(6.0 / 60 + 0.3)  # past window + one slot: the first five are gone
+    state, _ = ev.evaluate()
+    assert state.samples == 3 and state.max_ms == 10.0 and state.status == "ok"
+    clock.advance(7.0)
+    state, _ = ev.evaluate()
+    assert state.samples == 0 and state.status == "no_data" and state.p99_ms is None
+
+
+def test_memory_is_bounded_by_slots_and_buckets() -> None:
+    clock = Clock()
+    ev = evaluator(clock, evaluation_window_s=1.0)
+    for i in range(50_000):
+        ev.on_applied("ns", "u", float(i % 5000), coarse=False, stages={})
+        clock.advance(0.001)
+    assert len(ev._slots) <= 61, "old slots are dropped as new ones open, even without evaluating"
+    assert all(len(s.counts) <= BUCKETS + 1 for s in ev._slots)
+
+
+def test_coarse_samples_and_other_namespaces_do_not_count() -> None:
+    clock = Clock()
+    ev = evaluator(clock, namespaces=("ns",))
+    ev.on_applied("ns", "u", 5000.0, coarse=True, stages={})
+    ev.on_applied("other", "u", 5000.0, coarse=False, stages={})
+    ev.on_applied("ns", "u", 20.0, coarse=False, stages={})
+    state, _ = ev.evaluate()
+    assert state.samples == 1 and state.status == "ok"
+
+
+def test_consistency_window_fraction() -> None:
+    clock = Clock()
+    ev = evaluator(clock, window_fraction=0.9, p99_lag_ms=10_000.0)
+    feed(ev, clock, [100.0] * 9 + [1600.0])
+    state, events = ev.evaluate()
+    window = {t.name: t for t in state.targets}["consistency_window"]
+    assert window.status == "ok" and window.measured == pytest.approx(0.9) and not events
+    feed(ev, clock, [1600.0])
+    state, events = ev.evaluate()
+    window = {t.name: t for t in state.targets}["consistency_window"]
+    assert window.status == "violated" and window.measured == pytest.approx(9 / 11)
+    assert [e.violated for e in events] == [("consistency_window",)]
+    assert state.violations == 1 and state.last_event == events[0], "the transition's state counts it"
+
+
+def test_an_overdue_heartbeat_is_a_violation_while_the_pipeline_is_stalled() -> None:
+    clock = Clock()
+    settings = SlaSettings(evaluation_window_s=10.0, window_ms=1500.0)
+    ev = SlaEvaluator(settings, heartbeat_namespace="hb", heartbeat_interval_ms=500.0, clock=clock)
+    assert {t.name: t.status for t in ev.evaluate()[0].targets}["heartbeat"] == "no_data"
+    for _ in range(4):
+        ev.on_applied("hb", "u", 20.0, coarse=False, stages={})
+        clock.advance(0.5)
+        assert ev.evaluate()[0].status == "ok"
+    clock.advance(1.4)  # last beat committed 1.92 s ago: the next one is waiting 1.42 s
+    assert ev.evaluate()[0].status == "ok"
+    clock.advance(0.2)
+    state, events = ev.evaluate()
+    heartbeat = {t.name: t for t in state.targets}["heartbeat"]
+    assert heartbeat.status == "violated" and heartbeat.measured == pytest.approx(1620.0, abs=1)
+    assert [e.violated for e in events] == [("heartbeat",)]
+    ev.on_applied("hb", "u", 1700.0, coarse=False, stages={})  # the late beat arrives
+    state, events = ev.evaluate()
+    assert {t.name: t.status for t in state.targets}["heartbeat"] == "ok"
+    assert state.status == "violated", "the late beat itself broke the consistency window"
+
+
+def test_state_and_events_are_json() -> None:
+    clock = Clock()
+    ev = evaluator(clock)
+    feed(ev, clock, [5000.0])
+    state, events = ev.evaluate()
+    assert SlaState.model_validate(orjson.loads(orjson.dumps(state.model_dump(mode="json")))) == state
+    assert SlaViolation.model_validate(orjson.loads(events[0].to_json())) == events[0]
+    data = orjson.loads(events[0].to_json())
+    assert data["kind"] == "violation" and data["targets"][0]["name"] == "p99_lag"
+
+
+def test_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FRESHKEY_SLA_P99_LAG_MS", "50")
+    monkeypatch.setenv("FRESHKEY_SLA_NAMESPACES", '["a", "b"]')
+    s = SlaSettings()
+    assert s.p99_lag_ms == 50 and s.namespaces == ("a", "b")
+    assert s.window_ms == 1500 and s.window_fraction == 0.9999 and s.evaluation_window_s == 60
+    assert s.violations_topic == "freshkey.sla-violations"
+
+
+class _SlaServer:
+    """Serves one SLA state at /freshkey/sla, like the worker."""
+
+    def __init__(self, state: SlaState) -> None:
+        import http.server
+        import threading
+
+        body = orjson.dumps(state.model_dump(mode="json"))
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/freshkey/sla"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()
+
+
+@pytest.mark.parametrize(("lag", "exit_code", "status"), [(10.0, 0, "ok"), (5000.0, 1, "violated")])
+def test_sla_command_prints_writes_json_and_exits_1_when_violated(
+    tmp_path: Path, lag: float, exit_code: int, status: str
+) -> None:
+    import typer
+    from typer.testing import CliRunner
+
+    from pipeline.commands.sla import sla
+
+    clock = Clock()
+    ev = evaluator(clock)
+    feed(ev, clock, [lag] * 5)
+    state, _ = ev.evaluate()
+    server = _SlaServer(state)
+    app = typer.Typer()
+    app.command()(sla)
+    out = tmp_path / "sla.json"
+    try:
+        result = CliRunner().invoke(app, ["--url", server.url, "--json", str(out)])
+    finally:
+        server.close()
+    assert result.exit_code == exit_code, result.output
+    assert "p99_lag" in result.output and status in result.output
+    assert SlaState.model_validate(orjson.loads(out.read_bytes())) == state
+
+
+def test_sla_command_without_a_worker_exits_2() -> None:
+    import typer
+    from typer.testing import CliRunner
+
+    from pipeline.commands.sla import sla
+    from pipeline.local_services import free_port
+
+    app = typer.Typer()
+    app.command()(sla)
+    result = CliRunner().invoke(app, ["--url", f"http://127.0.0.1:{free_port()}/freshkey/sla"])
+    assert result.exit_code == 2 and "no SLA state" in result.output

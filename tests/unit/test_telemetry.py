@@ -1,0 +1,349 @@
+"""pipeline.telemetry: instruments and attributes (SDK in-memory reader), the Prometheus endpoint, traces."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader, NumberDataPoint
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from cache_writer import CacheAction
+from pipeline.local_services import free_port
+from pipeline.observe import STAGE_PLAN, STAGE_TRANSPORT
+from pipeline.sla import SlaEvaluator, SlaSettings
+from pipeline.telemetry import (
+    LAG_BUCKETS_MS,
+    PROMETHEUS_METRIC_NAMES,
+    OtelObserver,
+    TelemetryError,
+    TelemetrySettings,
+    _outcomes_by_action,
+    configure_telemetry,
+    key_hash,
+)
+
+
+def points(reader: InMemoryMetricReader) -> dict[str, list[Any]]:
+    data = reader.get_metrics_data()
+    found: dict[str, list[Any]] = {}
+    if data is None:
+        return found
+    for rm in data.resource_metrics:
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                found.setdefault(metric.name, []).extend(metric.data.data_points)
+    return found
+
+
+def test_instruments_and_their_attributes() -> None:
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    otel = OtelObserver(meter=provider.get_meter("freshkey"))
+    otel.on_event("u")
+    otel.on_event("dead_lettered")
+    otel.on_outcome("redis", "assets", "applied")
+    otel.on_outcome("redis", "assets", "stale")
+    otel.on_outcome("redis", "assets", "applied")
+    otel.on_applied("assets", "u", 42.0, coarse=False, stages={STAGE_TRANSPORT: 3.0, STAGE_PLAN: 0.2})
+    otel.on_applied("assets", "u", -5.0, coarse=True, stages={})
+    otel.on_leases_voided(2, namespace="assets")
+    otel.on_offset("changes", 0, 9)
+    otel.on_offset("changes", 1, 4)
+    otel.set_high_watermarks("changes", {0: 15, 1: 5, 2: 7})  # partition 2: nothing processed yet
+    found = points(reader)
+    provider.shutdown()
+
+    events = {p.attributes["kind"]: p.value for p in found["freshkey.events"]}
+    assert events == {"u": 1, "dead_lettered": 1}
+    outcomes = {
+        (p.attributes["tier"], p.attributes["namespace"], p.attributes["outcome"]): p.value
+        for p in found["freshkey.cache.outcomes"]
+    }
+    assert outcomes == {("redis", "assets", "applied"): 2, ("redis", "assets", "stale"): 1}
+
+    lag = {p.attributes["coarse"]: p for p in found["freshkey.lag"]}
+    precise = lag[False]
+    assert isinstance(precise, HistogramDataPoint)
+    assert tuple(precise.explicit_bounds) == LAG_BUCKETS_MS
+    assert (
+        precise.count == 1
+        and precise.sum == 42.0
+        and dict(precise.attributes or {}) == {"namespace": "assets", "coarse": False}
+    )
+    assert lag[True].sum == 0.0, "a negative lag (clock skew) is recorded as 0"
+    stages = {p.attributes["stage"]: p.sum for p in found["freshkey.stage.duration"]}
+    assert stages == {STAGE_TRANSPORT: 3.0, STAGE_PLAN: 0.2}
+    assert [(dict(p.attributes), p.value) for p in found["freshkey.leases.voided"]] == [
+        ({"namespace": "assets"}, 2)
+    ]
+
+    consumer_lag = {
+        (
+            p.attributes["messaging.destination.name"],
+            p.attributes["messaging.destination.partition.id"],
+        ): p.value
+        for p in found["freshkey.consumer.lag"]
+    }
+    assert consumer_lag == {("changes", "0"): 5, ("changes", "1"): 0}
+    assert otel.consumer_lag() == {("changes", 0): 5, ("changes", 1): 0}
+
+
+def test_sla_gauges_and_violation_counter() -> None:
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    otel = OtelObserver(meter=provider.get_meter("freshkey"))
+    now = [1_800_000_000.0]
+    sla = SlaEvaluator(SlaSettings(evaluation_window_s=10), clock=lambda: now[0])
+    otel.watch_sla(lambda: sla.state)
+    assert points(reader).get("freshkey.sla.violated", []) == [], "nothing to report before any sample"
+    for _ in range(99):
+        sla.on_applied("ns", "u", 10.0, coarse=False, stages={})
+    sla.on_applied("ns", "u", 5000.0, coarse=False, stages={})
+    sla.on_applied("ns", "u", 5000.0, coarse=False, stages={})
+    _, events = sla.evaluate()
+    for event in events:
+        otel.on_sla_event(event)
+    found = points(reader)
+    provider.shutdown()
+    violated = {p.attributes["target"]: p.value for p in found["freshkey.sla.violated"]}
+    assert violated == {"p99_lag": 1, "consistency_window": 1}, "no_data targets are not reported"
+    counted = {p.attributes["target"]: p.value for p in found["freshkey.sla.violations"]}
+    assert counted == {"p99_lag": 1, "consistency_window": 1}
+    (p99,) = found["freshkey.sla.lag.p99"]
+    assert isinstance(p99, NumberDataPoint) and p99.value == sla.state.p99_ms
+    (ratio,) = found["freshkey.sla.window.ratio"]
+    assert ratio.value == pytest.approx(99 / 101)
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text: str = response.read().decode()
+    return text
+
+
+def series_names(text: str) -> set[str]:
+    return {
+        line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")
+    }
+
+
+def test_prometheus_endpoint_serves_the_listed_names() -> None:
+    port = free_port()
+    telemetry = configure_telemetry(
+        TelemetrySettings(prometheus_port=port), service="worker", set_global=False
+    )
+    try:
+        assert telemetry.prometheus_port == port
+        otel = OtelObserver(meter=telemetry.meter_provider.get_meter("freshkey"))
+        sla = SlaEvaluator(SlaSettings(), clock=lambda: 1_800_000_000.0)
+        otel.watch_sla(lambda: sla.state)
+        sla.on_applied("ns", "u", 9000.0, coarse=False, stages={})
+        for event in sla.evaluate()[1]:
+            otel.on_sla_event(event)
+        otel.on_event("c")
+        otel.on_outcome("redis", "assets", "tombstoned")
+        otel.on_applied("assets", "c", 12.5, coarse=False, stages={STAGE_PLAN: 0.3})
+        otel.on_leases_voided()
+        otel.on_offset("changes", 0, 1)
+        otel.set_high_watermarks("changes", {0: 4})
+        text = scrape(port)
+    finally:
+        telemetry.shutdown()
+    names = series_names(text)
+    worker_names = {n for n in PROMETHEUS_METRIC_NAMES if not n.startswith("freshkey_connector_")}
+    assert names == worker_names, f"exported {sorted(names)}"
+    assert 'freshkey_lag_milliseconds_bucket{coarse="false",le="20",namespace="assets",' in text
+    assert 'freshkey_cache_outcomes_total{namespace="assets",otel_scope_name="freshkey"' in text
+    assert (
+        'freshkey_consumer_lag{messaging_destination_name="changes",messaging_destination_partition_id="0"'
+        in text
+    )
+    assert 'service_name="freshkey-worker"' in text
+
+
+def test_connector_metrics_through_the_global_api_in_a_fresh_process() -> None:
+    """The connector records through the API; once an entry point configures the SDK they are served."""
+    port = free_port()
+    script = textwrap.dedent(
+        f"""
+        import urllib.request
+        from pipeline.telemetry import TelemetrySettings, configure_telemetry
+        from connectors import runner
+        settings = TelemetrySettings(connector_prometheus_port={port})
+        first = configure_telemetry(settings, service="connector")
+        assert configure_telemetry(settings, service="connector") is first
+        runner._ack_latency.record(3.0)
+        runner._checkpoint_age.append(lambda: 1.5)
+        with urllib.request.urlopen("http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            print(response.read().decode())
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    names = series_names(result.stdout)
+    assert names == {n for n in PROMETHEUS_METRIC_NAMES if n.startswith("freshkey_connector_")} | {
+        "target_info"
+    }
+    assert "freshkey_connector_checkpoint_age_seconds{" in result.stdout
+    assert 'service_name="freshkey-connector"' in result.stdout
+
+
+def test_a_busy_port_is_logged_and_the_process_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        telemetry = configure_telemetry(
+            TelemetrySettings(prometheus_port=port), service="worker", set_global=False
+        )
+    try:
+        assert telemetry.prometheus_port is None
+        assert "FRESHKEY_TELEMETRY_PROMETHEUS_PORT" in caplog.text
+    finally:
+        telemetry.shutdown()
+
+
+def test_port_zero_serves_nothing() -> None:
+    telemetry = configure_telemetry(TelemetrySettings(prometheus_port=0), service="worker", set_global=False)
+    assert telemetry.prometheus_port is None
+    telemetry.shutdown()
+
+
+def test_otlp_without_its_extra_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "opentelemetry.exporter.otlp.proto.http.trace_exporter", None)
+    settings = TelemetrySettings(prometheus_port=0, otlp_endpoint="http://127.0.0.1:4318/v1/traces")
+    with pytest.raises(TelemetryError, match=r"freshkey\[otlp\]"):
+        configure_telemetry(settings, service="worker", set_global=False)
+
+
+def test_otlp_with_its_extra_installs_a_tracer_provider() -> None:
+    pytest.importorskip("opentelemetry.exporter.otlp.proto.http.trace_exporter")
+    settings = TelemetrySettings(prometheus_port=0, otlp_endpoint="http://127.0.0.1:1/v1/traces")
+    telemetry = configure_telemetry(settings, service="worker", set_global=False)
+    assert telemetry.tracer_provider is not None
+    assert telemetry.tracer_provider.resource.attributes["service.name"] == "freshkey-worker"
+    telemetry.tracer_provider.shutdown()
+    telemetry.tracer_provider = None
+    telemetry.shutdown()
+
+
+@dataclass(frozen=True)
+class _Binding:
+    namespace: str
+
+
+@dataclass(frozen=True)
+class _Event:
+    op: str
+    ts_ms: int
+
+
+@dataclass(frozen=True)
+class _Planned:
+    binding: _Binding
+    event: _Event
+    actions: list[CacheAction] = field(default_factory=list)
+
+
+def test_sampled_changes_are_traced_with_a_key_hash_version_and_outcome() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    reader = InMemoryMetricReader()
+    meters = MeterProvider(metric_readers=[reader])
+    otel = OtelObserver(
+        meter=meters.get_meter("freshkey"), tracer=provider.get_tracer("freshkey"), trace_sample_every=2
+    )
+    commit_us = (time.time_ns() // 1000) - 1_000_000
+    update = _Planned(
+        _Binding("assets"),
+        _Event("u", commit_us // 1000 + 3),
+        [
+            CacheAction("invalidate", "p:{assets}:old", 7, commit_us),
+            CacheAction("write", "p:{assets}:new", 7, commit_us, b"v"),
+        ],
+    )
+    insert = _Planned(
+        _Binding("assets"),
+        _Event("c", commit_us // 1000 + 4),
+        [CacheAction("write", "p:{assets}:x", 8, commit_us, b"w")],
+    )
+    with otel.trace_batch(
+        [update, insert], received_ms=commit_us / 1000 + 5, planned_ms=commit_us / 1000 + 6
+    ):
+        # ChangeProcessor.apply's order: invalidations, then writes, each in batch order.
+        otel.on_outcome("redis", "assets", "tombstoned")
+        otel.on_outcome("redis", "assets", "applied")
+        otel.on_outcome("redis", "assets", "stale")
+    spans = exporter.get_finished_spans()
+    meters.shutdown()
+    by_name: dict[str, list[Any]] = {}
+    for span in spans:
+        by_name.setdefault(span.name, []).append(span)
+    (root,) = by_name["freshkey.apply"]
+    changes = by_name["freshkey.change"]
+    assert root.attributes["freshkey.batch.actions"] == 3 and root.attributes["freshkey.batch.sampled"] == 2
+    assert [dict(c.attributes) for c in changes] == [
+        {
+            "freshkey.namespace": "assets",
+            "freshkey.key.hash": key_hash("p:{assets}:old"),
+            "freshkey.version": "7",
+            "freshkey.op": "u",
+            "freshkey.action": "invalidate",
+            "freshkey.outcome.redis": "tombstoned",
+        },
+        {
+            "freshkey.namespace": "assets",
+            "freshkey.key.hash": key_hash("p:{assets}:x"),
+            "freshkey.version": "8",
+            "freshkey.op": "c",
+            "freshkey.action": "write",
+            "freshkey.outcome.redis": "stale",
+        },
+    ]
+    assert all(c.parent is not None and c.parent.span_id == root.context.span_id for c in changes)
+    assert changes[0].start_time == commit_us * 1000, "a change's span starts at its commit"
+    assert [e.name for e in changes[0].events] == [
+        "read by connector",
+        "received by worker",
+        "keys computed",
+        "acknowledged by redis",
+    ]
+    assert all("p:{assets}" not in str(c.attributes) for c in changes), "raw keys never leave the process"
+
+    exporter.clear()
+    with otel.trace_batch([insert], received_ms=0, planned_ms=0):  # counter at 3: not sampled
+        otel.on_outcome("redis", "assets", "applied")
+    assert exporter.get_finished_spans() == ()
+    provider.shutdown()
+
+
+def test_without_an_sdk_tracer_provider_tracing_records_nothing() -> None:
+    reader = InMemoryMetricReader()
+    meters = MeterProvider(metric_readers=[reader])
+    otel = OtelObserver(meter=meters.get_meter("freshkey"), trace_sample_every=1)
+    planned = _Planned(_Binding("a"), _Event("c", 1), [CacheAction("write", "k", 1, 1, b"v")])
+    with otel.trace_batch([planned], received_ms=0, planned_ms=0):
+        otel.on_outcome("redis", "a", "applied")
+    assert otel._batch is None
+    meters.shutdown()
+
+
+def test_outcomes_that_do_not_fit_the_reporting_order_are_dropped() -> None:
+    actions = [CacheAction("write", "a", 1, 1, b"v"), CacheAction("invalidate", "b", 1, 1)]
+    assert _outcomes_by_action(actions, ["tombstoned", "applied"]) == ["applied", "tombstoned"]
+    assert _outcomes_by_action(actions, ["applied", "tombstoned"]) is None
+    assert _outcomes_by_action(actions, ["applied"]) is None

@@ -1,0 +1,249 @@
+"""US-HASH keys are bit-identical at any batch size and position, thread count, input dtype and process
+(invariant 6); a naive float32 computation is not, which is what these tests would catch."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from cache_writer.semantic import KeyHashWeights, SemanticKeyer
+from cache_writer.semantic.ushash import exactness_bound, fused_matrix, quantize, sign_bits
+from cache_writer.semantic.weights import MAX_EMBEDDING_DIM, MAX_SHARED_DIM
+
+SEED = 11
+DIMS = {"text": 384, "image": 512, "audio": 96}
+SHARED_DIM = 256
+BATCH_SIZES = (1, 2, 3, 7, 64, 1000, 4096)
+
+
+@pytest.fixture(scope="module")
+def weights() -> KeyHashWeights:
+    return KeyHashWeights.generate(SEED, DIMS, shared_dim=SHARED_DIM)
+
+
+@pytest.fixture(scope="module")
+def keyer(weights: KeyHashWeights) -> SemanticKeyer:
+    return SemanticKeyer(weights, device="cpu")
+
+
+@pytest.fixture
+def threads() -> Iterator[None]:
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def probes(dim: int, seed: int = 0) -> torch.Tensor:
+    """Ordinary and awkward vectors: ties at .5 after scaling, subnormals, huge and tiny magnitudes,
+    a zero vector, one-hot vectors, float16-representable values."""
+    g = torch.Generator().manual_seed(seed)
+    rows = [torch.randn(dim, generator=g) for _ in range(8)]
+    tie = torch.zeros(dim)
+    tie[0] = 64.0  # max 64 -> scale 2**0: the .5 values below are exact ties
+    tie[1 : 1 + 6] = torch.tensor([0.5, 1.5, 2.5, -0.5, -1.5, 127.5 / 2])
+    rows.append(tie)
+    rows.append(torch.randn(dim, generator=g) * 1e-40)  # subnormal float32
+    rows.append(torch.randn(dim, generator=g) * 1e37)
+    rows.append(torch.zeros(dim))
+    one_hot = torch.zeros(dim)
+    one_hot[dim // 2] = -3.0
+    rows.append(one_hot)
+    rows.append(torch.randn(dim, generator=g).half().float())
+    rows.append(torch.full((dim,), 0.1))
+    rows.append(torch.linspace(-1, 1, dim))
+    return torch.stack(rows).to(torch.float32)
+
+
+def reference_keys(weights: KeyHashWeights, modality: str, vectors: torch.Tensor) -> list[int]:
+    """The definition in Python integers (no floating-point arithmetic after the exact scaling)."""
+    prototypes = weights.prototypes.tolist()
+    projection = weights.projections[modality].tolist()
+    keys = []
+    for vector in vectors.tolist():
+        peak = max(abs(v) for v in vector)
+        if peak == 0:
+            keys.append(0)
+            continue
+        exponent = math.frexp(peak)[1]  # peak = f * 2**exponent, f in [0.5, 1)
+        q = [round(math.ldexp(v, 7 - exponent)) for v in vector]  # Python round: half to even
+        assert max(abs(x) for x in q) <= 128
+        shared = [sum(w * x for w, x in zip(row, q, strict=True)) for row in projection]
+        key = 0
+        for bit, row in enumerate(prototypes):
+            if sum(p * h for p, h in zip(row, shared, strict=True)) > 0:
+                key |= 1 << bit
+        keys.append(key)
+    return keys
+
+
+def test_bounds_leave_float64_exact() -> None:
+    assert exactness_bound(MAX_SHARED_DIM, MAX_EMBEDDING_DIM) <= 2**46 < 2**53
+
+
+def test_quantization_is_exact_and_ties_go_to_even() -> None:
+    q = quantize(probes(16))
+    assert q.dtype == torch.float64
+    assert torch.equal(q, q.round())
+    assert float(q.abs().max()) <= 128
+    assert q[8, :7].tolist() == [64.0, 0.0, 2.0, 2.0, -0.0, -2.0, 64.0]
+    assert q[11].abs().sum() == 0
+    assert q[9].abs().max() >= 64  # subnormal inputs are scaled up, not flushed to zero
+
+
+@pytest.mark.parametrize("modality", ["audio", "text"])
+def test_keys_equal_the_integer_definition(
+    weights: KeyHashWeights, keyer: SemanticKeyer, modality: str
+) -> None:
+    vectors = probes(DIMS[modality], seed=1)
+    assert keyer.keys(modality, vectors) == reference_keys(weights, modality, vectors)
+
+
+@pytest.mark.parametrize("modality", sorted(DIMS))
+def test_same_key_at_any_batch_size_and_position(
+    weights: KeyHashWeights, keyer: SemanticKeyer, modality: str
+) -> None:
+    dim = DIMS[modality]
+    targets = torch.cat([probes(dim, seed=2), near_boundary(weights, modality, 48)[0]])
+    expected = [keyer.keys(modality, targets[i : i + 1])[0] for i in range(len(targets))]
+    g = torch.Generator().manual_seed(3)
+    for batch_size in BATCH_SIZES:
+        for placement in range(2):
+            filler = torch.randn(max(batch_size, 1), dim, generator=g)
+            for start in range(0, len(targets), batch_size):
+                chunk = targets[start : start + batch_size]
+                batch = filler.clone()
+                positions = torch.randperm(batch_size, generator=g)[: len(chunk)]
+                if placement == 1:
+                    positions = torch.arange(batch_size - len(chunk), batch_size)  # the tail
+                batch[positions] = chunk
+                keys = keyer.keys(modality, batch)
+                got = [keys[int(p)] for p in positions]
+                assert got == expected[start : start + len(chunk)], (batch_size, placement)
+
+
+def test_same_keys_with_one_and_two_threads(keyer: SemanticKeyer, threads: None) -> None:
+    batch = torch.cat(
+        [probes(384, seed=4), torch.randn(4000, 384, generator=torch.Generator().manual_seed(5))]
+    )
+    torch.set_num_threads(1)
+    single = keyer.keys("text", batch)
+    torch.set_num_threads(2)
+    double = keyer.keys("text", batch)
+    assert single == double
+    assert len(set(single)) > 3900  # distinct inputs, distinct keys: the comparison is not vacuous
+
+
+def test_float16_and_float32_of_the_same_values(keyer: SemanticKeyer) -> None:
+    halves = torch.randn(2000, 512, generator=torch.Generator().manual_seed(6)).half()
+    halves[0] = probes(512)[8].half()  # ties survive the float16 round trip
+    as_float = halves.float()
+    assert keyer.keys("image", halves) == keyer.keys("image", as_float)
+    bf = as_float.bfloat16()
+    assert keyer.keys("image", bf) == keyer.keys("image", bf.float())
+
+
+def test_positive_scaling_by_powers_of_two_keeps_the_key(keyer: SemanticKeyer) -> None:
+    vectors = torch.randn(500, 96, generator=torch.Generator().manual_seed(7))
+    keys = keyer.keys("audio", vectors)
+    for factor in (2.0**-30, 0.5, 8.0, 2.0**40):
+        assert keyer.keys("audio", vectors * factor) == keys
+
+
+_CHILD = """
+import json, sys, torch
+torch.set_num_threads(1)
+from cache_writer.semantic import KeyHashWeights, SemanticKeyer
+sys.path.insert(0, ".")
+from tests.unit.test_ushash_exact import DIMS, SEED, SHARED_DIM, probes
+weights = KeyHashWeights.generate(SEED, DIMS, shared_dim=SHARED_DIM)
+keyer = SemanticKeyer(weights, device="cpu")
+vectors = torch.cat([probes(384, seed=8), torch.randn(300, 384, generator=torch.Generator().manual_seed(9))])
+one_by_one = [keyer.keys("text", vectors[i : i + 1])[0] for i in range(len(vectors))]
+assert one_by_one == keyer.keys("text", vectors)
+print(json.dumps({"digest": weights.sha256, "threads": torch.get_num_threads(), "keys": one_by_one}))
+"""
+
+
+def test_same_keys_in_another_process(weights: KeyHashWeights, keyer: SemanticKeyer, threads: None) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONHASHSEED": "12345"}
+    result = subprocess.run(
+        [sys.executable, "-c", _CHILD],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    child = json.loads(result.stdout.strip().splitlines()[-1])
+    torch.set_num_threads(2)
+    vectors = torch.cat(
+        [probes(384, seed=8), torch.randn(300, 384, generator=torch.Generator().manual_seed(9))]
+    )
+    assert child["threads"] == 1
+    assert child["digest"] == weights.sha256
+    assert child["keys"] == keyer.keys("text", vectors)
+
+
+# --- the check can fail: a naive float32 path is not reproducible ------------------------------------------
+
+
+def near_boundary(weights: KeyHashWeights, modality: str, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Vectors almost orthogonal to prototype 0 (after projection): their float32 dot products with it are
+    within rounding of zero, where the sign depends on how the sum was taken."""
+    fused = fused_matrix(weights, modality).t()  # (key_bits, dim), exact integers
+    row = fused[0]
+    x = torch.randn(n, row.numel(), generator=torch.Generator().manual_seed(10), dtype=torch.float64)
+    x = x - (x @ row)[:, None] * row[None, :] / (row @ row)
+    return x.to(torch.float32), fused.to(torch.float32)
+
+
+def naive_bits(vectors: torch.Tensor, fused32: torch.Tensor) -> torch.Tensor:
+    """What a straightforward implementation does: a float32 matmul of the unquantized embeddings."""
+    return (vectors @ fused32.t()) > 0
+
+
+def test_naive_float32_sign_depends_on_summation_order(weights: KeyHashWeights) -> None:
+    x, fused32 = near_boundary(weights, "text", 256)
+    row = fused32[0]
+    forward = torch.zeros(len(x), dtype=torch.float32)
+    backward = torch.zeros(len(x), dtype=torch.float32)
+    dim = row.numel()
+    for j in range(dim):  # a float32 rounding after every addition, in two orders
+        forward = forward + x[:, j] * row[j]
+        backward = backward + x[:, dim - 1 - j] * row[dim - 1 - j]
+    flips = int(((forward > 0) != (backward > 0)).sum())
+    assert flips > 0, "the adversarial inputs should make the naive float32 sign order-dependent"
+
+    # The exact path: the same reordering of the sum (reversed coordinates) gives the same bits.
+    reverse = torch.arange(dim - 1, -1, -1)
+    fused_t = fused_matrix(weights, "text")
+    assert torch.equal(sign_bits(quantize(x), fused_t), sign_bits(quantize(x[:, reverse]), fused_t[reverse]))
+
+
+@pytest.mark.skipif(
+    platform.machine() not in ("x86_64", "AMD64") or not torch.backends.mkl.is_available(),  # type: ignore[no-untyped-call]
+    reason="the batch-size dependence shown here is a property of MKL's sgemv/sgemm kernels on x86-64; "
+    "test_naive_float32_sign_depends_on_summation_order shows the same failure on any BLAS",
+)
+def test_naive_float32_bits_depend_on_batch_size_but_keys_do_not(
+    weights: KeyHashWeights, keyer: SemanticKeyer
+) -> None:
+    x, fused32 = near_boundary(weights, "text", 4096)
+    whole = naive_bits(x, fused32)
+    alone = torch.cat([naive_bits(x[i : i + 1], fused32) for i in range(len(x))])
+    differing = int((whole != alone).any(dim=1).sum())
+    assert differing > 0, "naive float32 keys were identical at batch size 1 and 4096"
+
+    exact_whole = keyer.keys("text", x)
+    exact_alone = [keyer.keys("text", x[i : i + 1])[0] for i in range(len(x))]
+    assert exact_whole == exact_alone
