@@ -131,3 +131,39 @@ def test_malformed_messages_go_to_the_dead_letter_topic_and_the_worker_goes_on(
     p.sql(f"UPDATE {p.database}.assets SET content = 'still flowing' WHERE id = 7")
     p.wait_consistent()
     assert time.monotonic() - started < 30
+
+
+def test_an_l3_tier_gets_every_change_and_rejects_replays_like_l2(
+    make_pipeline: Callable[..., Pipeline],
+) -> None:
+    import redis as redis_lib
+
+    from cache_writer.entries import parse_entry
+
+    p = make_pipeline(version_column=True)
+    l3_url = p.redis_url.rsplit("/", 1)[0] + "/1"  # another logical database stands in for a second Redis
+    l3 = redis_lib.Redis.from_url(l3_url)
+    p.start("connector")
+    p.start("worker", FRESHKEY_REDIS_L3_URL=l3_url, FRESHKEY_REDIS_L3_ENTRY_TTL_S="3600")
+    p.sql(f"INSERT INTO {p.database}.assets VALUES (1, 'text', 'v1', NULL, UTC_TIMESTAMP(6))")
+    p.sql(f"UPDATE {p.database}.assets SET content = 'v2', updated_at = UTC_TIMESTAMP(6) WHERE id = 1")
+    p.sql(f"INSERT INTO {p.database}.assets VALUES (2, 'text', 'doomed', NULL, UTC_TIMESTAMP(6))")
+    p.sql(f"DELETE FROM {p.database}.assets WHERE id = 2")
+    p.wait_consistent()
+    p.wait(lambda: l3.exists(p.key(1)) and l3.hget(p.key(2), "tomb") == b"1", 30, "L3 to catch up")
+    l2_one, l3_one = p.entry(1), parse_entry(p.key(1), l3.hgetall(p.key(1)))  # type: ignore[arg-type]
+    assert l3_one is not None and l2_one is not None
+    assert (l3_one.version, l3_one.value) == (l2_one.version, l2_one.value)
+    assert 0 < l3.pttl(p.key(1)) <= 3_600_000, "L3 entries carry their own, longer TTL"
+
+    history = read_topic(p.kafka, p.change_topic, expect=4)
+    stale_before = _outcome(p, "stale")
+    _resend(p, list(reversed(history)))
+    p.wait(lambda: _outcome(p, "stale") >= stale_before + 4, 30, "the replays to be rejected in L2")
+    stats = p.stats() or {}
+    assert stats["outcomes"].get("redis-l3:stale", 0) >= 4, stats["outcomes"]
+    assert parse_entry(p.key(1), l3.hgetall(p.key(1))) == l3_one  # type: ignore[arg-type]
+    assert l3.hget(p.key(2), "tomb") == b"1"
+    for key in l3.scan_iter(f"{p.prefix}:*"):
+        l3.delete(key)
+    l3.close()
