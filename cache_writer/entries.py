@@ -18,6 +18,10 @@ class Entry:
     value: bytes | None
     """None for a tombstone."""
     commit_ts_us: int | None
+    signature: str | None = None
+    """The schema signature it was built under (field ``s``); None: none (a namespace without model)."""
+    row: str | None = None
+    """Semantic entries: the row key of the row it was built from (field ``k``)."""
 
     @property
     def tombstone(self) -> bool:
@@ -33,6 +37,8 @@ def parse_entry(key: str, fields: dict[bytes, bytes]) -> Entry | None:
         version=int(fields[b"v"]),
         value=None if fields.get(b"tomb") == b"1" else fields.get(b"d"),
         commit_ts_us=int(commit) if commit is not None else None,
+        signature=fields[b"s"].decode() if b"s" in fields else None,
+        row=fields[b"k"].decode() if b"k" in fields else None,
     )
 
 

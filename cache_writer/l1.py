@@ -6,6 +6,11 @@ the same atomic script (``w|i <version> <key>``). :class:`InvalidationListener` 
 later :meth:`L1Cache.put` of an older version (a reader that read Redis before the change and puts after
 the broadcast) is refused. If the broadcast connection drops, the L1 is flushed and serves nothing until
 it is subscribed again (invariant 9: when it cannot vouch for its entries, it does not serve them).
+
+A model cutover is announced on the same channel as ``a <signature> <prefix>:{<namespace>}:`` by the
+script that switches the namespace's signature (``set_signature.lua``): :meth:`L1Cache.on_signature`
+drops the namespace's entries and remembers the signature, and a later :meth:`L1Cache.put` of an entry
+read under another signature (a reader that read Redis before the switch) is refused (invariant 7).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ log = logging.getLogger(__name__)
 class L1Entry:
     version: int
     value: bytes
+    signature: str = ""
 
 
 class L1Cache:
@@ -47,6 +53,7 @@ class L1Cache:
         self._min_charge = max_bytes // max_entries
         self._entries: TTLCache[str, L1Entry] = TTLCache(maxsize=max_bytes, ttl=ttl_s, getsizeof=self._charge)
         self._floors: TTLCache[str, int] = TTLCache(maxsize=max_floors, ttl=floor_ttl_s)
+        self._signatures: dict[str, str] = {}
         self._lock = threading.Lock()
         self._healthy = False
         self.flushes = 0
@@ -65,18 +72,25 @@ class L1Cache:
         with self._lock:
             return self._entries.get(key)
 
-    def put(self, key: str, version: int, value: bytes) -> bool:
-        """Keep ``value`` unless an equal-or-newer entry is there or a broadcast made it stale."""
+    def put(self, key: str, version: int, value: bytes, signature: str = "") -> bool:
+        """Keep ``value`` unless an equal-or-newer entry is there or a broadcast made it stale.
+
+        ``signature``: the one the entry was read under; refused when a cutover announced another one
+        for its namespace since this cache was last flushed.
+        """
         if not self._healthy:
             return False
         with self._lock:
             if version < self._floors.get(key, 0):
                 return False
+            announced = self._signatures.get(_namespace_of(key))
+            if announced is not None and announced != signature:
+                return False
             current = self._entries.get(key)
             if current is not None and current.version >= version:
                 return False
             try:
-                self._entries[key] = L1Entry(version, value)
+                self._entries[key] = L1Entry(version, value, signature)
             except ValueError:  # larger than the whole cache
                 return False
             return True
@@ -91,9 +105,18 @@ class L1Cache:
             if current is not None and current.version < floor:
                 del self._entries[key]
 
+    def on_signature(self, namespace_prefix: str, signature: str) -> None:
+        """A cutover: ``namespace_prefix`` (``<prefix>:{<namespace>}:``) now has ``signature``; its
+        entries go, and only entries read under that signature may come in again."""
+        with self._lock:
+            self._signatures[namespace_prefix] = signature
+            for key in [k for k in self._entries if k.startswith(namespace_prefix)]:
+                del self._entries[key]
+
     def flush(self) -> None:
         with self._lock:
             self._entries.clear()
+            self._signatures.clear()  # unknown again: the next read tells (entries are gone anyway)
             self.flushes += 1
 
     def mark(self, healthy: bool) -> None:
@@ -109,6 +132,33 @@ class L1Cache:
     def __len__(self) -> int:
         with self._lock:
             return len(self._entries)
+
+
+def _namespace_of(key: str) -> str:
+    end = key.find("}:")
+    return key[: end + 2] if end >= 0 else ""
+
+
+def parse_signature_broadcast(message: bytes | str) -> tuple[str, str] | None:
+    """``a <signature> <namespace prefix>`` -> (namespace prefix, signature); None for other messages."""
+    text = message.decode() if isinstance(message, bytes) else message
+    parts = text.split(" ", 2)
+    if len(parts) != 3 or parts[0] != "a" or not parts[2].endswith("}:"):
+        return None
+    return parts[2], parts[1]
+
+
+def dispatch_broadcast(message: bytes | str, caches: list[L1Cache]) -> None:
+    """Apply one invalidation-channel message to every cache (unknown messages are ignored)."""
+    parsed = parse_broadcast(message)
+    if parsed is not None:
+        for cache in caches:
+            cache.on_broadcast(*parsed)
+        return
+    cutover = parse_signature_broadcast(message)
+    if cutover is not None:
+        for cache in caches:
+            cache.on_signature(*cutover)
 
 
 def parse_broadcast(message: bytes | str) -> tuple[str, int, str] | None:
@@ -170,10 +220,7 @@ class InvalidationListener:
                         self.subscribed.set()
                         backoff = 0.05
                     elif message["type"] == "message":
-                        parsed = parse_broadcast(message["data"])
-                        if parsed is not None:
-                            for cache in self._caches:
-                                cache.on_broadcast(*parsed)
+                        dispatch_broadcast(message["data"], self._caches)
             except asyncio.CancelledError:
                 raise
             except (redis.RedisError, OSError) as exc:
@@ -226,10 +273,7 @@ class ThreadedInvalidationListener:
                         self.subscribed.set()
                         backoff = 0.05
                     elif message["type"] == "message":
-                        parsed = parse_broadcast(message["data"])
-                        if parsed is not None:
-                            for cache in self._caches:
-                                cache.on_broadcast(*parsed)
+                        dispatch_broadcast(message["data"], self._caches)
             except (redis.RedisError, OSError) as exc:
                 log.warning("invalidation channel lost (%s): L1 flushed until resubscribed", exc)
             finally:

@@ -19,6 +19,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError, RedisError
 
 from cache_writer.exceptions import TierUnavailableError
+from cache_writer.keys import signature_key_of
 from cache_writer.redis_cluster import RedirectStats, RedisClient, run_pipeline
 from cache_writer.settings import RedisSettings
 from cache_writer.tier import ActionResult, CacheAction, Outcome
@@ -95,7 +96,22 @@ class RedisTier:
             raise TierUnavailableError(self.name, exc) from exc
 
     def _queue(self, pipe: Any, action: CacheAction) -> None:
-        if action.kind == "write":
+        if action.kind == "write" and (action.signature is not None or action.row is not None):
+            pipe.execute_command(
+                "EVALSHA",
+                WRITE_SHA,
+                2,
+                action.key,
+                signature_key_of(action.key),
+                action.version,
+                action.value,
+                action.commit_ts_us,
+                self._entry_ttl,
+                self._channel,
+                action.signature or "",
+                action.row or "",
+            )
+        elif action.kind == "write":
             pipe.execute_command(
                 "EVALSHA",
                 WRITE_SHA,

@@ -24,6 +24,13 @@ class CacheAction:
     version: int
     commit_ts_us: int
     value: bytes | None = None
+    signature: str | None = None
+    """Writes: the schema signature the value was built under (hash field ``s``); None: the namespace
+    has no model and the entry carries none. With a signature the tier also reads the namespace's
+    ``$signature`` key in the same script (an equal version built under the active signature replaces
+    an entry built under another one)."""
+    row: str | None = None
+    """Writes of semantic entries: the row key of the row the value was built from (field ``k``)."""
 
     def __post_init__(self) -> None:
         if (self.kind == "write") != (self.value is not None):

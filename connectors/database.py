@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pymysql
@@ -29,3 +29,69 @@ def read_table(settings: MySQLSettings, database: str, table: str) -> Iterator[d
                 yield row_to_json(row)
     finally:
         conn.close()
+
+
+def table_columns(settings: MySQLSettings, database: str, table: str) -> tuple[str, ...]:
+    """The table's columns in their order (information_schema); empty when the table does not exist."""
+    conn = pymysql.connect(**settings.connection_kwargs())
+    try:
+        with conn.cursor() as cur:
+            cur.execute(
+                "SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA=%s AND TABLE_NAME=%s "
+                "ORDER BY ORDINAL_POSITION",
+                (database, table),
+            )
+            return tuple(str(row[0]) for row in cur.fetchall())
+    finally:
+        conn.close()
+
+
+def primary_key(settings: MySQLSettings, database: str, table: str) -> tuple[str, ...]:
+    """The table's primary key columns in order; empty when it has none."""
+    conn = pymysql.connect(**settings.connection_kwargs())
+    try:
+        with conn.cursor() as cur:
+            cur.execute(
+                "SELECT COLUMN_NAME FROM information_schema.KEY_COLUMN_USAGE WHERE TABLE_SCHEMA=%s "
+                "AND TABLE_NAME=%s AND CONSTRAINT_NAME='PRIMARY' ORDER BY ORDINAL_POSITION",
+                (database, table),
+            )
+            return tuple(str(row[0]) for row in cur.fetchall())
+    finally:
+        conn.close()
+
+
+def read_rows(
+    settings: MySQLSettings,
+    database: str,
+    table: str,
+    key_columns: Sequence[str],
+    keys: Sequence[Sequence[Any]],
+    *,
+    chunk: int = 500,
+) -> list[dict[str, Any]]:
+    """The rows whose key columns hold one of ``keys`` (any order), converted like binlog rows.
+
+    One ``SELECT ... WHERE (k1, k2) IN ((...), ...)`` per ``chunk`` keys; missing rows are left out.
+    """
+    if not keys:
+        return []
+    if not key_columns:
+        raise ValueError("read_rows needs the key columns")
+    conn = pymysql.connect(**settings.connection_kwargs(), cursorclass=pymysql.cursors.DictCursor)
+    columns = ", ".join(_quote(c) for c in key_columns)
+    one = "(" + ", ".join(["%s"] * len(key_columns)) + ")"
+    rows: list[dict[str, Any]] = []
+    try:
+        with conn.cursor() as cur:
+            for start in range(0, len(keys), chunk):
+                part = keys[start : start + chunk]
+                cur.execute(
+                    f"SELECT * FROM {_quote(database)}.{_quote(table)} WHERE ({columns}) IN "
+                    f"({', '.join([one] * len(part))})",
+                    tuple(value for key in part for value in key),
+                )
+                rows.extend(row_to_json(row) for row in cur.fetchall())
+    finally:
+        conn.close()
+    return rows

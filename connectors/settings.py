@@ -47,6 +47,14 @@ class KafkaSettings(BaseSettings):
     bootstrap: str = "127.0.0.1:9092"
     change_topic: str = "freshkey.changes"
     dead_letter_topic: str = "freshkey.dead-letters"
+    model_update_topic: str = Field(
+        "freshkey.model-updates", description="Model updates (freshkey model publish), read by the workers."
+    )
+    hotness_topic: str = Field(
+        "freshkey.hotness",
+        description="Hit counts (forwarded from the clients' Redis stream) and cutover commands, keyed by "
+        "namespace: a namespace's hotness and its cutovers are handled by the same worker.",
+    )
     partitions: int = Field(4, ge=1, le=10_000)
     replication_factor: int = Field(1, ge=1)
 

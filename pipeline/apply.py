@@ -7,11 +7,11 @@ the tiers and records the outcomes.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from cache_writer import CacheAction, entry_key
-from schemas import Binding, ChangeEvent, VersionError, column_version, encode_value
+from schemas import Binding, ChangeEvent, VersionError, column_version, encode_value, row_key
 from schemas.versions import MAX_VERSION, datetime_to_us
 
 
@@ -28,15 +28,29 @@ def _column(image: Mapping[str, Any], column: str, what: str, event: ChangeEvent
         ) from None
 
 
-def _key(binding: Binding, event: ChangeEvent, image: Mapping[str, Any], prefix: str) -> str:
+def _key_values(binding: Binding, event: ChangeEvent, image: Mapping[str, Any]) -> list[int | str]:
     columns = binding.key_columns or tuple(event.key)
-    values = []
+    values: list[int | str] = []
     for column in columns:
         value = _column(image, column, "key", event)
         if value is None or not isinstance(value, int | str) or isinstance(value, bool):
             raise BindError(f"key column {column!r} holds {value!r}; a key must be an integer or a string")
         values.append(value)
-    return entry_key(prefix, binding.namespace, values)
+    return values
+
+
+def _key(binding: Binding, event: ChangeEvent, image: Mapping[str, Any], prefix: str) -> str:
+    return entry_key(prefix, binding.namespace, _key_values(binding, event, image))
+
+
+def image_row_key(binding: Binding, event: ChangeEvent, image: Mapping[str, Any]) -> str:
+    """The row key (``schemas.row_key`` of the key columns) of one image of the event."""
+    return row_key(_key_values(binding, event, image))
+
+
+def value_columns_of(binding: Binding, image: Mapping[str, Any]) -> tuple[str, ...]:
+    """The columns a value of this image holds: the binding's projection, or every column of the row."""
+    return binding.value_columns if binding.value_columns is not None else tuple(sorted(image))
 
 
 def _value(binding: Binding, event: ChangeEvent, image: Mapping[str, Any]) -> bytes:
@@ -88,19 +102,87 @@ def commit_time_us(binding: Binding, event: ChangeEvent) -> tuple[int, bool]:
         raise BindError(f"commit time column holds {value!r}, not a DATETIME") from None
 
 
-def plan(binding: Binding, event: ChangeEvent, *, prefix: str) -> list[CacheAction]:
-    """The actions for one change, in the order they must be applied."""
+KeyOf = Callable[[Mapping[str, Any]], str | None]
+"""The cache key of an image (before or after) of the event; None: the image has no key (it cannot be
+keyed, so no entry of it can exist). May raise :class:`BindError`."""
+SignatureOf = Callable[[Mapping[str, Any]], str | None]
+"""The schema signature an entry built from this (after) image carries; None: no signature."""
+
+
+def plan(
+    binding: Binding,
+    event: ChangeEvent,
+    *,
+    prefix: str,
+    key_of: KeyOf | None = None,
+    signature_of: SignatureOf | None = None,
+) -> list[CacheAction]:
+    """The actions for one change, in the order they must be applied.
+
+    By default an image's key is its row key and writes carry no signature (a namespace without a
+    model). ``key_of`` gives semantic keys; a semantic write also records its row key (field ``k``).
+    An UPDATE whose two images have different keys invalidates the old one and writes the new one.
+    """
     version = event_version(binding, event)
     commit_us, _ = commit_time_us(binding, event)
+
+    def key(image: Mapping[str, Any]) -> str | None:
+        return key_of(image) if key_of is not None else _key(binding, event, image, prefix)
+
     actions: list[CacheAction] = []
+    new_key = key(event.after) if event.after is not None else None
     if event.before is not None:
-        old_key = _key(binding, event, event.before, prefix)
-        if event.after is None or old_key != _key(binding, event, event.after, prefix):
+        old_key = key(event.before)
+        if old_key is not None and old_key != new_key:
             actions.append(CacheAction("invalidate", old_key, version, commit_us))
-    if event.after is not None:
-        key = _key(binding, event, event.after, prefix)
+    if event.after is not None and new_key is not None:
         if binding.on_change == "invalidate":
-            actions.append(CacheAction("invalidate", key, version, commit_us))
+            actions.append(CacheAction("invalidate", new_key, version, commit_us))
         else:
-            actions.append(CacheAction("write", key, version, commit_us, _value(binding, event, event.after)))
+            actions.append(
+                CacheAction(
+                    "write",
+                    new_key,
+                    version,
+                    commit_us,
+                    _value(binding, event, event.after),
+                    signature=signature_of(event.after) if signature_of is not None else None,
+                    row=image_row_key(binding, event, event.after) if binding.semantic else None,
+                )
+            )
     return actions
+
+
+def row_value(binding: Binding, row: Mapping[str, Any]) -> bytes:
+    """The cached value of a row read from the database (a prewarm): the bytes a change of it writes."""
+    if binding.value_columns is not None:
+        missing = [c for c in binding.value_columns if c not in row]
+        if missing:
+            raise BindError(f"value column(s) {', '.join(missing)} of the binding are not in {binding.table}")
+    projected = row if binding.value_columns is None else {c: row[c] for c in binding.value_columns}
+    try:
+        return encode_value(projected)
+    except TypeError as exc:
+        raise BindError(f"value of {binding.table} cannot be cached: {exc}") from None
+
+
+def row_version(binding: Binding, row: Mapping[str, Any]) -> int | None:
+    """The version of a row read from the database: its version column's (None without one)."""
+    if binding.version_column is None:
+        return None
+    if binding.version_column not in row:
+        raise BindError(f"version column {binding.version_column!r} is not in {binding.table}")
+    try:
+        return column_version(row[binding.version_column])
+    except VersionError as exc:
+        raise BindError(str(exc)) from None
+
+
+def row_commit_time_us(binding: Binding, row: Mapping[str, Any]) -> int | None:
+    """The commit time of a row read from the database: its commit time column's (None without one)."""
+    if binding.commit_time_column is None or row.get(binding.commit_time_column) is None:
+        return None
+    try:
+        return datetime_to_us(dt.datetime.fromisoformat(row[binding.commit_time_column]))
+    except (TypeError, ValueError):
+        return None

@@ -32,12 +32,14 @@ def _register_optional() -> None:
     from pipeline.commands.bench import bench
     from pipeline.commands.demo import demo
     from pipeline.commands.heartbeat import heartbeat
+    from pipeline.commands.model import model_app
     from pipeline.commands.sla import sla
 
     app.command()(demo)
     app.command()(sla)
     app.command()(heartbeat)
     app.command()(bench)
+    app.add_typer(model_app, name="model")
 
 
 def main() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -23,6 +24,44 @@ class WorkerSettings(BaseSettings):
     commit_interval_s: float = Field(1.0, gt=0)
     fetch_max_wait_ms: int = Field(
         10, ge=1, le=30_000, description="Longest a Kafka fetch waits for data (latency vs idle requests)."
+    )
+    device: str = Field(
+        "auto",
+        pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$",
+        description="Where semantic keys are computed: auto (CUDA when present), cpu, cuda or cuda:N. "
+        "Keys are bit-identical on every device.",
+    )
+
+
+class ModelSettings(BaseSettings):
+    """Model updates and cutovers (``FRESHKEY_MODEL_*``)."""
+
+    model_config = SettingsConfigDict(env_prefix="FRESHKEY_MODEL_", extra="ignore")
+
+    cutover: Literal["prewarm-then-switch", "switch-then-prewarm"] = Field(
+        "prewarm-then-switch",
+        description="prewarm-then-switch: the hot entries are built under the new signature before it "
+        "becomes active (no cold start; namespaces keyed by row, whose entries keep their key, always "
+        "switch first); switch-then-prewarm: switch at once, then rebuild the hot entries.",
+    )
+    prewarm_top_n: int = Field(10_000, ge=0, description="Hot entries rebuilt per namespace at a cutover.")
+    prewarm_batch: int = Field(1000, ge=1, description="Rows reloaded, keyed and written per step.")
+    weights_dir: Path | None = Field(
+        None, description="Base directory of relative weights references in model updates."
+    )
+
+
+class HotnessSettings(BaseSettings):
+    """How hot an entry is (``FRESHKEY_HOTNESS_*``): alpha * sigmoid(hits / hit_scale) +
+    (1 - alpha) * exp(-age / tau_s), age = seconds since its last hit."""
+
+    model_config = SettingsConfigDict(env_prefix="FRESHKEY_HOTNESS_", extra="ignore")
+
+    alpha: float = Field(0.7, ge=0, le=1, description="Weight of the hit count against recency.")
+    tau_s: float = Field(3600.0, gt=0, description="Recency time constant, seconds.")
+    hit_scale: float = Field(1.0, gt=0, description="Hits are divided by this before the sigmoid.")
+    forward_interval_s: float = Field(
+        0.5, gt=0, description="How often a worker moves client hit counts from Redis to Kafka."
     )
 
 

@@ -24,8 +24,10 @@ import pymysql.cursors
 from cache_writer import entry_key
 from cache_writer.entries import Entry, parse_entry, read_namespace
 from cache_writer.redis_cluster import RedisClient, run_pipeline
+from cache_writer.signatures import read_signatures
 from connectors.settings import MySQLSettings
-from schemas import Binding, column_version, encode_value, row_to_json
+from pipeline.models import KeyRequest, ModelRegistry, semantic_keys
+from schemas import Binding, Bindings, column_version, encode_value, row_to_json
 
 
 class Verdict(StrEnum):
@@ -235,6 +237,10 @@ async def run_verification(
     rng = random.Random(seed)
     reports: list[VerifyReport] = []
     suspects: list[tuple[VerifyReport, Binding, tuple[str, ...], RedisClient, str, list[Any]]] = []
+    signatures = await read_signatures(tiers[0][1], prefix, [b.namespace for b in bindings]) if tiers else {}
+    registry = (
+        ModelRegistry(Bindings(bindings=tuple(bindings)), prefix=prefix, device="cpu") if bindings else None
+    )
     try:
         for binding in bindings:
             key_columns = binding.key_columns or _primary_key(conn, binding.database, binding.table_name)
@@ -244,7 +250,19 @@ async def run_verification(
                 full = False
             else:
                 full = True
-            by_key = {entry_key(prefix, binding.namespace, [r[c] for c in key_columns]): r for r in rows}
+            state = signatures.get(binding.namespace)
+            active = state.active_signature if state is not None else ""
+            if binding.semantic is None:
+                by_key = {entry_key(prefix, binding.namespace, [r[c] for c in key_columns]): r for r in rows}
+            else:
+                # Entries are addressed by the rows' semantic keys under the active model; entries of rows
+                # that are gone cannot be told from other rows' entries, so there is no full scan.
+                full = False
+                by_key = {}
+                if state is not None and state.active is not None and registry is not None:
+                    model = await registry.state(state.active, binding)
+                    keys = semantic_keys([KeyRequest(binding, model, r) for r in rows], prefix)
+                    by_key = {k: r for k, r in zip(keys, rows, strict=True) if isinstance(k, str)}
             for tier_name, client in tiers:
                 report = VerifyReport(binding.namespace, tier=tier_name, rows=len(rows))
                 report.versions_checked = binding.version_column is not None
@@ -253,6 +271,10 @@ async def run_verification(
                     extra = await read_namespace(client, prefix, binding.namespace)
                     for key, found in extra.items():
                         entries.setdefault(key, found)
+                # An entry built under another signature than the active one is never served: absent.
+                entries = {
+                    k: e if e is None or (e.signature or "") == active else None for k, e in entries.items()
+                }
                 report.entries = sum(e is not None for e in entries.values())
                 for key, entry in entries.items():
                     row = by_key.get(key)
@@ -270,6 +292,11 @@ async def run_verification(
         for report, binding, key_columns, client, key, values in suspects:
             rows_now = _read_rows(conn, binding, key_columns, keys=[values]) if values else []
             entry_now = (await _entries(client, [key]))[key]
+            state = signatures.get(binding.namespace)
+            if entry_now is not None and (entry_now.signature or "") != (
+                state.active_signature if state else ""
+            ):
+                entry_now = None
             verdict, reason = judge(binding, rows_now[0] if rows_now else None, entry_now)
             if verdict is Verdict.STALE:
                 report.stale += 1

@@ -4,25 +4,53 @@ Offsets are acknowledged only after every tier acknowledged the batch (``noack_t
 a crash replays at most the unacknowledged batches, which the version checks make harmless. A tier
 failure is retried with backoff, never skipped. A message that cannot be decoded or bound goes to the
 dead-letter topic with the reason and its original bytes, and is counted; the stream goes on.
+
+Models (issue 4): before planning a batch the worker reads the model state of its namespaces from Redis
+(``pipeline.models``). Writes of a namespace with a model carry the signature they were built under; a
+semantic binding's keys are computed for the whole batch at once on the configured device, before and
+after images together, under the active and (during a prewarm) the pending model. Model updates arrive
+on their own topic, are checked, and become cutover commands on the hotness topic, where the worker
+that holds the namespace's hit counts (a Faust table) prewarms and switches (``pipeline.cutover``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import logging
+import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import faust
+import orjson
+import pymysql
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 from tenacity import AsyncRetrying, before_sleep_log, retry_if_exception_type, wait_exponential
 
 from cache_writer import CacheAction, CacheTier, Outcome, RedisSettings, RedisTier, TierUnavailableError
+from cache_writer.keys import namespace_prefix
+from cache_writer.semantic.exceptions import EmbeddingError
 from cache_writer.settings import L3Settings
-from connectors.settings import KafkaSettings
+from connectors.database import primary_key, table_columns
+from connectors.settings import KafkaSettings, MySQLSettings
 from pipeline.apply import BindError, commit_time_us, plan
+from pipeline.config import load_settings
+from pipeline.cutover import CutoverRejected, Cutovers
 from pipeline.faust_app import FreshkeyApp
+from pipeline.hotness import HitForwarder, merge_count, top_entries
+from pipeline.loaders import Loaders
+from pipeline.models import (
+    NO_MODEL,
+    KeyRequest,
+    ModelRegistry,
+    ModelUnavailableError,
+    NamespaceModels,
+    semantic_keys,
+)
 from pipeline.observe import (
     STAGE_PLAN,
     STAGE_SOURCE,
@@ -30,11 +58,12 @@ from pipeline.observe import (
     TIER_STAGE_PREFIX,
     Observers,
 )
-from pipeline.settings import WorkerSettings
+from pipeline.settings import HotnessSettings, ModelSettings, WorkerSettings
 from pipeline.stats import WorkerStats
 from pipeline.web import install_dashboard
-from schemas import Binding, Bindings, ChangeEvent, DecodeError, decode, encode
+from schemas import Binding, Bindings, ChangeEvent, DdlEvent, DecodeError, decode, encode
 from schemas.codec import dead_letter
+from schemas.model_updates import decode_model_update
 
 log = logging.getLogger(__name__)
 
@@ -52,19 +81,27 @@ class ChangeProcessor:
         *,
         key_prefix: str,
         stats: WorkerStats | None = None,
+        models: ModelRegistry | None = None,
     ) -> None:
         self.bindings = bindings
         self.tiers = list(tiers)
         self.key_prefix = key_prefix
         self.stats = stats or WorkerStats()
         self.observers = Observers([self.stats])
+        self.models = models
 
-    def prepare(
+    async def prepare(
         self, messages: Sequence[tuple[bytes | None, bytes]]
-    ) -> tuple[list[Planned], list[tuple[int, str, str]]]:
-        """Decode and plan. Returns (planned changes, rejects as (index, stage, reason))."""
-        planned: list[Planned] = []
+    ) -> tuple[list[Planned], list[tuple[int, str, str]], list[DdlEvent]]:
+        """Decode, read the namespaces' model state, key and plan.
+
+        Returns (planned changes, rejects as (index, stage, reason), DDL events in order). A change of a
+        semantic binding whose after image cannot be keyed is planned without that write (its before
+        image's key is still invalidated) and also rejected (stage ``semantic-key``).
+        """
+        bound: list[tuple[int, ChangeEvent, Binding]] = []
         rejects: list[tuple[int, str, str]] = []
+        ddl: list[DdlEvent] = []
         for index, (_key, value) in enumerate(messages):
             try:
                 event = decode(value)
@@ -74,16 +111,98 @@ class ChangeProcessor:
             if event.kind == "ddl":
                 self.observers.on_event("ddl")
                 log.info("DDL on %s: %s", event.source.db, event.query[:200])
+                ddl.append(event)
                 continue
             binding = self.bindings.for_table(event.source.db, event.source.table)
             if binding is None:
                 self.observers.on_event("unbound")
                 continue
+            bound.append((index, event, binding))
+        models: dict[str, NamespaceModels] = {}
+        if self.models is not None and bound and self.tiers:
+            models = await self.models.refresh(
+                self.tiers[0].client,  # type: ignore[attr-defined]
+                {binding.namespace for _, _, binding in bound},
+            )
+        keys = await self._semantic_keys(bound, models)
+        planned: list[Planned] = []
+        for index, event, binding in bound:
             try:
-                planned.append(Planned(index, event, binding, plan(binding, event, prefix=self.key_prefix)))
+                actions = self._plan(index, event, binding, models.get(binding.namespace, NO_MODEL), keys)
             except BindError as exc:
                 rejects.append((index, "bind", str(exc)))
-        return planned, rejects
+                continue
+            if isinstance(actions, tuple):
+                actions, reason = actions
+                rejects.append((index, "semantic-key", reason))
+            planned.append(Planned(index, event, binding, actions))
+        return planned, rejects, ddl
+
+    async def _semantic_keys(
+        self, bound: Sequence[tuple[int, ChangeEvent, Binding]], models: dict[str, NamespaceModels]
+    ) -> dict[tuple[int, int, str], str | EmbeddingError]:
+        """Every image's key under every model state of its namespace, computed in one batch per keyer
+        and modality: before and after images of an update are keyed together (invariant 6 makes the
+        batch composition irrelevant to the keys)."""
+        requests: list[KeyRequest] = []
+        where: list[tuple[int, int, str]] = []
+        for index, event, binding in bound:
+            if binding.semantic is None:
+                continue
+            for position, state in enumerate(models.get(binding.namespace, NO_MODEL).states):
+                for role, image in (("before", event.before), ("after", event.after)):
+                    if image is not None:
+                        requests.append(KeyRequest(binding, state, image))
+                        where.append((index, position, role))
+        if not requests:
+            return {}
+        keys = await asyncio.to_thread(semantic_keys, requests, self.key_prefix)
+        return dict(zip(where, keys, strict=True))
+
+    def _plan(
+        self,
+        index: int,
+        event: ChangeEvent,
+        binding: Binding,
+        models: NamespaceModels,
+        keys: dict[tuple[int, int, str], str | EmbeddingError],
+    ) -> list[CacheAction] | tuple[list[CacheAction], str]:
+        if binding.semantic is None:
+            active = models.active
+            if active is None:  # no model: exactly as always, entries carry no signature
+                return plan(binding, event, prefix=self.key_prefix)
+            return plan(
+                binding,
+                event,
+                prefix=self.key_prefix,
+                signature_of=lambda image: active.signature_for(binding, image),
+            )
+        if not models.states:
+            self.observers.on_event("unkeyed")  # no model yet: no key can be computed, nothing cached
+            return []
+        actions: list[CacheAction] = []
+        failures: list[str] = []
+        roles = {id(event.before): "before", id(event.after): "after"}
+        for position, state in enumerate(models.states):
+
+            def key_of(image: Any, position: int = position) -> str | None:
+                key = keys[(index, position, roles[id(image)])]
+                if isinstance(key, EmbeddingError):
+                    if roles[id(image)] == "after" and binding.on_change == "write":
+                        failures.append(f"no semantic key for the new row: {key}")
+                    return None
+                return key
+
+            actions += plan(
+                binding,
+                event,
+                prefix=self.key_prefix,
+                key_of=key_of,
+                signature_of=lambda image, state=state: state.signature_for(binding, image),  # type: ignore[misc]
+            )
+        if failures:
+            return actions, failures[0]
+        return actions
 
     async def apply(self, planned: Sequence[Planned], *, received_ms: float, planned_ms: float) -> None:
         """Apply to every tier (each retried until it answers), then report per change.
@@ -153,7 +272,10 @@ def create_app(
     redis: RedisSettings,
     bindings: Bindings,
     l3: L3Settings | None = None,
+    mysql: MySQLSettings | None = None,
 ) -> tuple[faust.App, ChangeProcessor]:
+    """The worker's Faust app. ``mysql`` (default: from the environment) is read for cutovers only:
+    the columns of tables bound without ``value_columns``, primary keys, and rows to prewarm."""
     app = FreshkeyApp(
         worker.app_id,
         fetch_max_wait_ms=worker.fetch_max_wait_ms,
@@ -175,11 +297,16 @@ def create_app(
     )
     changes = app.topic(kafka.change_topic, partitions=kafka.partitions, internal=False)
     dead_letters = app.topic(kafka.dead_letter_topic, internal=False)
-    processor = ChangeProcessor(bindings, [], key_prefix=redis.key_prefix)
+    registry = ModelRegistry(
+        bindings,
+        prefix=redis.key_prefix,
+        device=worker.device,
+        weights_dir=load_model_settings().weights_dir,
+    )
+    processor = ChangeProcessor(bindings, [], key_prefix=redis.key_prefix, models=registry)
 
     # -- SLA evaluation and OpenTelemetry (issue 5) ---------------------------------------------------
     import asyncio
-    import socket
 
     from connectors.exceptions import ConfigurationError
     from connectors.heartbeat import HeartbeatSettings
@@ -256,13 +383,14 @@ def create_app(
         for tier in tiers:
             await tier.load_scripts()
         processor.tiers[:] = tiers
+        cutovers.tiers[:] = tiers
         log.info("cache tiers ready: %s", ", ".join(t.name for t in tiers))
 
-    async def send_dead_letter(event: Any, stage: str, reason: str) -> None:
+    async def send_dead_letter(event: Any, stage: str, reason: str, original: bytes | None = None) -> None:
         message = event.message
         letter = dead_letter(
             reason,
-            message.value or b"",
+            original if original is not None else message.value or b"",
             stage=stage,
             topic=message.topic,
             partition=message.partition,
@@ -285,12 +413,28 @@ def create_app(
             while not processor.tiers:
                 await app.sleep(0.05)
             received_ms = time.time() * 1000
-            planned, rejects = processor.prepare([(e.message.key, e.message.value) for e in events])
+            messages = [(e.message.key, e.message.value) for e in events]
+            async for attempt in _retrying():
+                with attempt:
+                    planned, rejects, ddl = await processor.prepare(messages)
             planned_ms = time.time() * 1000
             with otel.trace_batch(planned, received_ms=received_ms, planned_ms=planned_ms):
                 await processor.apply(planned, received_ms=received_ms, planned_ms=planned_ms)
             for index, stage, reason in rejects:
                 await send_dead_letter(events[index], stage, reason)
+            for ddl_event in ddl:  # after the batch's changes: they were read under the old columns
+                try:
+                    async for attempt in _retrying():
+                        with attempt:
+                            moved = await cutovers.on_ddl(ddl_event)
+                except Exception:  # outages are retried above; anything else must not stop changes
+                    log.exception("DDL %s not applied to the signatures", ddl_event.event_id)
+                    moved = []
+                for namespace in moved:
+                    processor.observers.on_event("signature_ddl")
+                    cutover_log.append(
+                        {"namespace": namespace, "cause": "ddl", "ts_ms": int(time.time() * 1000)}
+                    )
             for event in events:
                 message = event.message
                 processor.observers.on_offset(message.topic, message.partition, message.offset)
@@ -320,5 +464,177 @@ def create_app(
         """``{"topic/partition": messages not yet applied}`` for the partitions this worker owns."""
         return web.json({f"{t}/{p}": lag for (t, p), lag in sorted(otel.consumer_lag().items())})
 
+    # -- model updates, hotness and cutovers (issue 4) ------------------------------------------------
+    model_settings = load_model_settings()
+    hotness_settings = load_settings(HotnessSettings)
+    mysql_settings = mysql if mysql is not None else load_settings(MySQLSettings)
+
+    async def columns_of(binding: Binding) -> tuple[str, ...]:
+        return await asyncio.to_thread(table_columns, mysql_settings, binding.database, binding.table_name)
+
+    async def key_columns_of(binding: Binding) -> tuple[str, ...]:
+        if binding.key_columns is not None:
+            return binding.key_columns
+        return await asyncio.to_thread(primary_key, mysql_settings, binding.database, binding.table_name)
+
+    cutovers = Cutovers(
+        bindings,
+        registry,
+        prefix=redis.key_prefix,
+        settings=model_settings,
+        columns_of=columns_of,
+        key_columns_of=key_columns_of,
+        loaders=Loaders(mysql_settings),
+    )
+    cutover_log: list[dict[str, Any]] = []
+    model_updates = app.topic(kafka.model_update_topic, internal=False)
+    hotness_topic = app.topic(kafka.hotness_topic, partitions=kafka.partitions, internal=False)
+    hot_table = app.Table("hotness", default=None, key_type=str, value_type=str, partitions=kafka.partitions)
+    forwarder: list[HitForwarder] = []
+
+    @app.agent(model_updates)
+    async def check_model_updates(stream: faust.StreamT) -> None:
+        """Check each model update; an accepted one becomes one cutover command per namespace, sent to
+        the hotness topic keyed by namespace (where that namespace's hit counts are)."""
+        async for events in stream.noack_take(16, within=0.05):  # type: ignore[attr-defined]
+            while not processor.tiers:
+                await app.sleep(0.05)
+            for event in events:
+                raw = event.message.value or b""
+                try:
+                    async for attempt in _retrying():
+                        with attempt:
+                            checked = await cutovers.check(raw)
+                except CutoverRejected as exc:
+                    processor.observers.on_event("model_update_rejected")
+                    await send_dead_letter(event, "model-update", exc.reason)
+                    continue
+                except Exception as exc:  # bad input never stops the pipeline (invariant 8)
+                    log.exception("model update could not be checked")
+                    processor.observers.on_event("model_update_rejected")
+                    await send_dead_letter(event, "model-update", f"check-failed: {exc!r}")
+                    continue
+                if checked is None:
+                    processor.observers.on_event("model_update_duplicate")
+                    log.info("model update already active on every namespace it serves: %s", raw[:200])
+                    continue
+                for namespace in checked.namespaces:
+                    command = {
+                        "kind": "cutover",
+                        "prefix": redis.key_prefix,
+                        "namespace": namespace,
+                        "update": raw.decode(),
+                    }
+                    future = await hotness_topic.send(key=namespace.encode(), value=orjson.dumps(command))
+                    await future
+                processor.observers.on_event("model_update")
+            for event in events:
+                await stream.ack(event)
+
+    @app.agent(hotness_topic)
+    async def hotness(stream: faust.StreamT) -> None:
+        """Fold hit counts into the hotness table; run cutover commands (prewarm + switch)."""
+        async for event in stream.events():
+            try:
+                data = orjson.loads(event.message.value or b"{}")
+            except orjson.JSONDecodeError:
+                continue
+            if not isinstance(data, dict) or data.get("prefix") != redis.key_prefix:
+                continue  # another deployment's message on a shared topic
+            if data.get("kind") == "hits" and isinstance(data.get("counts"), dict):
+                for key, count in data["counts"].items():
+                    if isinstance(count, list) and len(count) == 2 and all(isinstance(c, int) for c in count):
+                        hot_table[key] = merge_count(hot_table.get(key), count[0], count[1])
+            elif data.get("kind") == "cutover" and isinstance(data.get("update"), str):
+                await run_cutover(event, str(data.get("namespace")), data["update"].encode())
+
+    async def run_cutover(event: Any, namespace: str, raw: bytes) -> None:
+        while not processor.tiers:
+            await app.sleep(0.05)
+        try:
+            update = decode_model_update(raw)
+        except DecodeError as exc:
+            await send_dead_letter(event, "model-update", f"invalid: {exc.reason}", original=raw)
+            return
+        hot = top_entries(
+            list(hot_table.items()),
+            namespace_prefix(redis.key_prefix, namespace),
+            model_settings.prewarm_top_n,
+            int(time.time() * 1000),
+            hotness_settings,
+        )
+        try:
+            async for attempt in _retrying():
+                with attempt:
+                    report = await cutovers.cutover(namespace, update, None, hot)
+        except CutoverRejected as exc:
+            processor.observers.on_event("model_update_rejected")
+            await send_dead_letter(event, "model-update", exc.reason, original=raw)
+            return
+        except Exception as exc:  # never let one cutover stop the hotness agent (invariant 8)
+            log.exception("cutover of %s failed", namespace)
+            processor.observers.on_event("model_update_rejected")
+            await send_dead_letter(event, "model-update", f"cutover-failed: {exc!r}", original=raw)
+            return
+        processor.observers.on_event("cutover")
+        cutover_log.append(
+            {
+                "namespace": namespace,
+                "cause": "model-update",
+                "model": update.model,
+                "model_version": update.model_version,
+                "signature": report.signature,
+                "previous": report.previous,
+                "mode": report.mode,
+                "switch_ms": report.switch_ms,
+                "prewarm": dataclasses.asdict(report.prewarm),
+                "ts_ms": int(time.time() * 1000),
+            }
+        )
+        del cutover_log[:-100]
+
+    @app.timer(hotness_settings.forward_interval_s)
+    async def forward_hits() -> None:
+        if not processor.tiers:
+            return
+        if not forwarder:
+            consumer = f"{worker.app_id}@{socket.gethostname()}:{worker.web_port}"
+            forwarder.append(HitForwarder(processor.tiers[0].client, redis.key_prefix, consumer))  # type: ignore[attr-defined]
+
+        async def send(key: bytes, value: bytes) -> None:
+            future = await hotness_topic.send(key=key, value=value)
+            await future
+
+        try:
+            await forwarder[0].forward(send)
+        except (RedisError, OSError) as exc:
+            log.debug("hit counts not forwarded this time: %r", exc)
+
+    @app.page("/freshkey/cutovers")
+    async def cutovers_page(web: Any, request: Any) -> Any:
+        """The last cutovers (signature changes) this worker made, oldest first."""
+        return web.json(cutover_log)
+
+    @app.page("/freshkey/hotness")
+    async def hotness_page(web: Any, request: Any) -> Any:
+        """Entries with hit counts in this worker's partitions of the hotness table."""
+        return web.json({"entries": len(hot_table)})
+
     install_dashboard(app, processor)
     return app, processor
+
+
+def _retrying() -> AsyncRetrying:
+    """Retry a step that needs Redis, the database or the weights until it succeeds (never skipped)."""
+    return AsyncRetrying(
+        retry=retry_if_exception_type(
+            (TierUnavailableError, RedisError, OSError, ModelUnavailableError, pymysql.err.Error)
+        ),
+        wait=wait_exponential(multiplier=0.05, max=5),
+        before_sleep=before_sleep_log(log, logging.WARNING),
+        reraise=True,
+    )
+
+
+def load_model_settings() -> ModelSettings:
+    return load_settings(ModelSettings)

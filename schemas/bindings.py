@@ -10,6 +10,16 @@ A bindings file (YAML or JSON) looks like::
         version_column: updated_at    # default: the event's version (binlog coordinates)
         commit_time_column: updated_at  # a UTC DATETIME(6) set at commit; default: binlog time
         on_change: write              # or invalidate: applications fill after a miss
+        semantic:                     # optional: address entries by what the row means (see below)
+          modality: text              # text, image or audio
+          embedding_column: embedding # an embedding stored with the row (float32/float16 bytes, JSON)
+          text_column: content        # text only, without an embedding column: a local text embedder
+          text_rules: {nfkc: true, casefold: false, collapse_whitespace: true}
+        loader: my-loader             # optional: entry point of group freshkey.loaders for prewarms
+
+With ``semantic``, a row's cache key is its semantic key under the namespace's active model
+(``cache_writer.semantic``): ``<prefix>:{<namespace>}:<16 or 32 hex digits>``, and the entry records
+the row it was built from. Without it the key is the row's key columns, as always.
 
 Parsing the text is here (pure); reading the file is the caller's job.
 """
@@ -30,6 +40,50 @@ class BindingError(ValueError):
     """The bindings are invalid; the message names the binding and the field."""
 
 
+class TextRulesSpec(BaseModel):
+    """Text normalization of a semantic binding (the fields of ``cache_writer.semantic.TextRules``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    nfkc: bool = True
+    casefold: bool = False
+    collapse_whitespace: bool = True
+
+
+class SemanticSpec(BaseModel):
+    """How a row's semantic key is computed: from an embedding column, or (text) from a text column."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    modality: Literal["text", "image", "audio"]
+    embedding_column: str | None = None
+    embedding_dtype: Literal["float32", "float16"] | None = Field(
+        None, description="Encoding of a bytes/base64 embedding; default: inferred from its length."
+    )
+    text_column: str | None = Field(
+        None, description="text only: keyed through the local hashing text embedder when no embedding."
+    )
+    text_rules: TextRulesSpec = TextRulesSpec()
+    ngram_sizes: tuple[int, ...] = Field((3,), min_length=1, max_length=8)
+
+    @model_validator(mode="after")
+    def _source(self) -> SemanticSpec:
+        if self.modality == "text":
+            if (self.embedding_column is None) == (self.text_column is None):
+                raise ValueError("a text binding names exactly one of embedding_column and text_column")
+        elif self.embedding_column is None or self.text_column is not None:
+            raise ValueError(f"{self.modality} is keyed by its embedding_column only (no text_column)")
+        if any(n < 1 for n in self.ngram_sizes):
+            raise ValueError("ngram_sizes must be positive")
+        return self
+
+    @property
+    def source_column(self) -> str:
+        column = self.embedding_column or self.text_column
+        assert column is not None
+        return column
+
+
 class Binding(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -43,6 +97,16 @@ class Binding(BaseModel):
         "write",
         description="write: inserts and updates write the new row into the cache (deletes invalidate); "
         "invalidate: every change only invalidates, and applications fill after a miss (under a lease).",
+    )
+
+    semantic: SemanticSpec | None = Field(
+        None, description="Key entries by their semantic key under the namespace's active model."
+    )
+    loader: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9_.:-]+$",
+        description="Name of an entry point in the freshkey.loaders group that reloads rows for a "
+        "prewarm; default: read them from the database.",
     )
 
     @field_validator("table")

@@ -93,6 +93,32 @@ class SemVer:
     def __ge__(self, other: SemVer) -> bool:
         return bool(self.precedence >= other.precedence)
 
+    def order_key(self) -> str:
+        """A printable ASCII string whose byte order is this version's precedence (build ignored).
+
+        Compared byte by byte (never with a locale's collation), ``a.order_key() < b.order_key()``
+        exactly when ``a < b``, and equal keys mean equal precedence. The form, for readers in other
+        languages: each number ``n`` is written ``NNN`` + its decimal digits, where ``NNN`` is the
+        digit count in three digits (so numbers of up to 999 digits compare numerically); the key is
+        ``num(major) num(minor) num(patch)``, then ``1`` for a release, or ``0`` and each pre-release
+        identifier followed by ``!`` (``0`` + ``num(n)`` for a numeric one, ``1`` + the identifier for
+        an alphanumeric one), then a space. No key is a prefix of another (the space ends it), so
+        anything appended after it cannot change the order of two different versions.
+        """
+        parts = [_order_number(self.major), _order_number(self.minor), _order_number(self.patch)]
+        if not self.prerelease:
+            parts.append("1")
+        else:
+            parts.append("0")
+            for identifier in self.prerelease:
+                if identifier.isdigit():
+                    parts.append("0" + _order_number(int(identifier)))
+                else:
+                    parts.append("1" + identifier)
+                parts.append("!")
+        parts.append(" ")
+        return "".join(parts)
+
     def __str__(self) -> str:
         text = f"{self.major}.{self.minor}.{self.patch}"
         if self.prerelease:
@@ -100,6 +126,29 @@ class SemVer:
         if self.build:
             text += "+" + ".".join(self.build)
         return text
+
+
+def _order_number(number: int) -> str:
+    digits = str(number)
+    if len(digits) > 999:
+        raise ValueError("a version number of more than 999 digits has no order key")
+    return f"{len(digits):03d}{digits}"
+
+
+SEQUENCE_DIGITS = 20
+"""Digits of the sequence part of a signature order (an unsigned 64-bit number fits)."""
+
+
+def signature_order(version: SemVer, sequence: int = 0) -> str:
+    """The order of a namespace's signature: ``version.order_key()`` + ``/`` + ``sequence`` in 20 digits.
+
+    A newer model version always orders higher; for one model version, the sequence orders the
+    signature changes that a schema change of the bound table makes (its binlog version; 0 for the
+    model update itself). Compared byte by byte (``SemVer.order_key``).
+    """
+    if not 0 <= sequence < 10**SEQUENCE_DIGITS:
+        raise ValueError(f"sequence must be in 0..10**{SEQUENCE_DIGITS}-1, got {sequence}")
+    return f"{version.order_key()}/{sequence:0{SEQUENCE_DIGITS}d}"
 
 
 class ModelUpdate(BaseModel):

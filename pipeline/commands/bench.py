@@ -1,10 +1,19 @@
-"""``freshkey bench``: semantic-key throughput by batch size, and the keying of a whole-namespace cutover.
+"""``freshkey bench``: semantic-key throughput by batch size, the keying of a whole-namespace cutover,
+and a real cutover on Redis.
 
 Figures, not tests. Each throughput figure is the median of ``--repeats`` timed runs; the cutover
 figure is one run that really computes ``--cutover-entries`` keys in batches (no extrapolation), with
 the random embeddings generated outside the timed sections. The SHA-256 of the cutover's keys is printed
 per device (over the keys as little-endian unsigned 64-bit words): equal digests on CPU and CUDA show the
 keys are bit-identical at that scale.
+
+The Redis part (``--redis-entries``, 0 to skip) starts a private redis-server (or uses ``--redis-url``),
+loads a semantic namespace of that many entries built under model 1 (pipelined ``HSET``s), and runs the
+worker's own cutover code (``pipeline.cutover.Cutovers.cutover``, prewarm-then-switch) to model 2 with
+the ``--prewarm-entries`` hottest entries: the pending write, the prewarm (old entries read back,
+rows reloaded from an in-memory loader, keys computed with the new weights, entries written with the
+write script) and the switch, which is ONE compare-and-set of the signature key whatever the size of
+the namespace. It then checks that no sampled old entry is served and every hot entry is.
 """
 
 from __future__ import annotations
@@ -49,9 +58,16 @@ def bench(
     cutover_batch: Annotated[int, typer.Option(help="Batch size of the cutover.")] = 4096,
     prewarm_entries: Annotated[int, typer.Option(help="Hot entries rekeyed by a prewarm.")] = 10_000,
     seed: Annotated[int, typer.Option(help="Seed of the weights and the embeddings.")] = 0,
+    redis_entries: Annotated[
+        int, typer.Option(help="Entries of the namespace cut over on a real Redis (0: skip that part).")
+    ] = 1_000_000,
+    redis_url: Annotated[
+        str | None, typer.Option(help="Use this (empty, scratch) Redis instead of a private redis-server.")
+    ] = None,
     json_path: Annotated[Path | None, typer.Option("--json", help="Also write the figures here.")] = None,
 ) -> None:
-    """Measure semantic keys/s by batch size and the time to rekey a cutover and a prewarm."""
+    """Measure semantic keys/s by batch size, the time to rekey a cutover and a prewarm, and a real
+    cutover of a namespace on Redis (one signature write) with the prewarm of its hottest entries."""
     sizes = batch_sizes or [1, 16, 256, 4096]
     if key_bits not in (64, 128) or min(sizes) < 1 or repeats < 1 or cutover_batch < 1:
         console.print("[red]✗[/red] key bits must be 64 or 128; sizes and repeats positive")
@@ -80,7 +96,23 @@ def bench(
         for label, entries in (("cutover", cutover_entries), ("prewarm", prewarm_entries)):
             if entries > 0:
                 report["cutover"].append(_rekey(keyer, label, entries, cutover_batch, dim, seed))
+    if redis_entries > 0:
+        from pipeline.bench_cutover import print_redis_cutover, redis_cutover
+
+        report["redis_cutover"] = redis_cutover(
+            entries=redis_entries,
+            hot=min(prewarm_entries, redis_entries),
+            dim=dim,
+            shared_dim=shared_dim,
+            key_bits=key_bits,
+            seed=seed,
+            device=str(devices[-1]),
+            redis_url=redis_url,
+            progress=console,
+        )
     _print(report)
+    if "redis_cutover" in report:
+        print_redis_cutover(report["redis_cutover"], console)
     if json_path is not None:
         json_path.write_text(json.dumps(report, indent=2) + "\n")
         console.print(f"figures written to {json_path}")

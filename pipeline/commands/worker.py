@@ -26,9 +26,11 @@ def worker(
     settings = AllSettings.load(env_file)
     bindings = load_bindings(settings.bindings_path)
     try:
-        ensure_topics(settings.kafka)
+        ensure_topics(settings.kafka, [settings.kafka.model_update_topic, settings.kafka.hotness_topic])
     except ConnectorError as exc:
         typer.echo(f"freshkey worker: {exc}", err=True)
         raise typer.Exit(2) from None
-    app, _ = create_app(settings.worker, settings.kafka, settings.redis, bindings, settings.l3)
+    app, _ = create_app(
+        settings.worker, settings.kafka, settings.redis, bindings, settings.l3, mysql=settings.mysql
+    )
     faust.Worker(app, loglevel=log_level.lower(), quiet=True).execute_from_commandline()

@@ -52,6 +52,8 @@ class Pipeline:
         workdir: Path,
         *,
         version_column: bool,
+        value_columns: bool = True,
+        binding_extra: str = "",
     ) -> None:
         tag = uuid.uuid4().hex[:10]
         self.mysql = mysql
@@ -60,12 +62,16 @@ class Pipeline:
         self.prefix = f"t{tag}"
         self.change_topic = f"freshkey.changes.{tag}"
         self.dead_letter_topic = f"freshkey.dead-letters.{tag}"
+        self.model_update_topic = f"freshkey.model-updates.{tag}"
+        self.hotness_topic = f"freshkey.hotness.{tag}"
         self.workdir = workdir
         self.kafka = kafka
         self.redis_url = redis_url
         self.web_port = free_port()
         binding = f"  - table: {self.database}.assets\n    namespace: {self.namespace}\n"
-        binding += "    value_columns: [modality, content, embedding, updated_at]\n"
+        if value_columns:
+            binding += "    value_columns: [modality, content, embedding, updated_at]\n"
+        binding += binding_extra
         if version_column:
             binding += "    version_column: updated_at\n    commit_time_column: updated_at\n"
         self.bindings_text = "bindings:\n" + binding
@@ -80,6 +86,9 @@ class Pipeline:
             "FRESHKEY_KAFKA_BOOTSTRAP": kafka,
             "FRESHKEY_KAFKA_CHANGE_TOPIC": self.change_topic,
             "FRESHKEY_KAFKA_DEAD_LETTER_TOPIC": self.dead_letter_topic,
+            "FRESHKEY_KAFKA_MODEL_UPDATE_TOPIC": self.model_update_topic,
+            "FRESHKEY_KAFKA_HOTNESS_TOPIC": self.hotness_topic,
+            "FRESHKEY_WORKER_DEVICE": "cpu",
             "FRESHKEY_KAFKA_PARTITIONS": "3",
             "FRESHKEY_REDIS_URL": redis_url,
             "FRESHKEY_REDIS_KEY_PREFIX": self.prefix,
@@ -236,10 +245,20 @@ def make_pipeline(
 ) -> Iterator[Callable[..., Pipeline]]:
     made: list[Pipeline] = []
 
-    def make(*, version_column: bool = False) -> Pipeline:
+    def make(
+        *, version_column: bool = False, value_columns: bool = True, binding_extra: str = ""
+    ) -> Pipeline:
         workdir = tmp_path / f"pipeline{len(made)}"
         workdir.mkdir()
-        pipeline = Pipeline(mysql_service, kafka_bootstrap, redis_url, workdir, version_column=version_column)
+        pipeline = Pipeline(
+            mysql_service,
+            kafka_bootstrap,
+            redis_url,
+            workdir,
+            version_column=version_column,
+            value_columns=value_columns,
+            binding_extra=binding_extra,
+        )
         made.append(pipeline)
         return pipeline
 

@@ -17,6 +17,7 @@ from schemas.model_updates import (
     SemVer,
     check_update,
     decode_model_update,
+    signature_order,
 )
 from schemas.signature import schema_signature
 
@@ -129,6 +130,43 @@ def test_semver_order_is_a_total_order(a: str, b: str, c: str) -> None:
         assert x <= z
     if x == y:
         assert hash(x) == hash(y)
+
+
+identifiers = st.one_of(
+    st.integers(0, 10**25).map(str),
+    st.text(alphabet="0123456789abcXYZ-", min_size=1, max_size=6).filter(
+        lambda s: not s.isdigit() or s == "0" or not s.startswith("0")
+    ),
+)
+wide_versions = st.builds(
+    lambda core, pre, build: ".".join(map(str, core)) + (f"-{'.'.join(pre)}" if pre else "") + build,
+    st.tuples(st.integers(0, 10**30), st.integers(0, 12), st.integers(0, 12)),
+    st.lists(identifiers, max_size=4),
+    st.sampled_from(["", "+b.1", "+other"]),
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(a=wide_versions, b=wide_versions)
+def test_order_key_bytes_follow_precedence(a: str, b: str) -> None:
+    x, y = SemVer.parse(a), SemVer.parse(b)
+    kx, ky = x.order_key().encode("ascii"), y.order_key().encode("ascii")
+    assert (kx < ky) == (x < y) and (kx == ky) == (x == y)
+    # the sequence part never overrides the version part
+    assert (signature_order(x, 10**19).encode() < signature_order(y, 0).encode()) == (x < y) or x == y
+
+
+def test_order_key_on_the_spec_examples_and_sequences() -> None:
+    ordered = ["1.0.0-alpha", "1.0.0-alpha.1", "1.0.0-alpha.beta", "1.0.0-beta", "1.0.0-beta.2",
+               "1.0.0-beta.11", "1.0.0-rc.1", "1.0.0", "1.0.1", "1.10.0", "2.0.0"]  # fmt: skip
+    keys = [SemVer.parse(v).order_key() for v in ordered]
+    assert sorted(keys) == keys and len(set(keys)) == len(keys)
+    assert SemVer.parse("1.0.0").order_key() == "001100100010" + "1 "
+    one = SemVer.parse("1.0.0")
+    assert signature_order(one, 0) < signature_order(one, 1) < signature_order(SemVer.parse("1.0.1"))
+    assert signature_order(one, 7).endswith("/00000000000000000007")
+    with pytest.raises(ValueError, match="sequence"):
+        signature_order(one, -1)
 
 
 def test_check_update_accepts_a_newer_version_for_known_namespaces() -> None:

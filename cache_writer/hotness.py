@@ -1,0 +1,138 @@
+"""Hit counts from the application clients, for the pipeline's prewarm of hot entries.
+
+The simplest robust path: a client counts its hits in memory (:class:`HitRecorder`) and, every
+``flush_every`` hits or ``flush_interval_s``, appends them to one Redis Stream with one ``XADD``::
+
+    <prefix>:hits    XADD MAXLEN ~ <maxlen> *  h <JSON {"<entry key>": [hits, last hit ms], ...}>
+
+The application needs nothing but its Redis connection, a flush costs one command per batch of hits,
+and a failed flush only loses counts (a heuristic), never a read. The pipeline's workers read the stream
+in a consumer group and fold the counts into a Faust table (``pipeline.hotness``). Counts are at least
+once: a worker that dies before it acknowledges a message reads it again; hotness tolerates that.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import orjson
+import redis
+import redis.asyncio as aioredis
+
+log = logging.getLogger(__name__)
+
+HITS_FIELD = "h"
+
+
+def hits_stream(prefix: str) -> str:
+    """The Redis Stream the clients append their hit counts to: ``<prefix>:hits``."""
+    return f"{prefix}:hits"
+
+
+class HitRecorder:
+    """Thread-safe hit counts by entry key, flushed to :func:`hits_stream` in batches."""
+
+    def __init__(
+        self,
+        prefix: str,
+        *,
+        flush_every: int = 1000,
+        flush_interval_s: float = 1.0,
+        max_keys: int = 100_000,
+        maxlen: int = 100_000,
+    ) -> None:
+        if flush_every < 1 or flush_interval_s <= 0 or max_keys < 1 or maxlen < 1:
+            raise ValueError("flush_every, flush_interval_s, max_keys and maxlen must be positive")
+        self.stream = hits_stream(prefix)
+        self.flush_every = flush_every
+        self.flush_interval_s = flush_interval_s
+        self.max_keys = max_keys
+        self.maxlen = maxlen
+        self._lock = threading.Lock()
+        self._counts: dict[str, list[int]] = {}
+        self._pending = 0
+        self._last_flush = time.monotonic()
+        self.flushed = 0
+        self.dropped = 0
+
+    def record(self, key: str, hits: int = 1) -> None:
+        now_ms = int(time.time() * 1000)
+        with self._lock:
+            entry = self._counts.get(key)
+            if entry is None:
+                if len(self._counts) >= self.max_keys:
+                    self.dropped += hits  # bounded memory: the flush is due anyway
+                    return
+                self._counts[key] = [hits, now_ms]
+            else:
+                entry[0] += hits
+                entry[1] = now_ms
+            self._pending += hits
+
+    def due(self) -> bool:
+        """Whether :meth:`flush` should run now (enough hits, or enough time since the last one)."""
+        with self._lock:
+            if not self._counts:
+                return False
+            return (
+                self._pending >= self.flush_every
+                or time.monotonic() - self._last_flush >= self.flush_interval_s
+            )
+
+    def drain(self) -> dict[str, list[int]]:
+        """The counts since the last drain (and forget them)."""
+        with self._lock:
+            counts, self._counts = self._counts, {}
+            self._pending = 0
+            self._last_flush = time.monotonic()
+            return counts
+
+    def _message(self, counts: dict[str, list[int]]) -> dict[str, bytes]:
+        return {HITS_FIELD: orjson.dumps(counts)}
+
+    async def flush(self, client: aioredis.Redis | aioredis.RedisCluster) -> int:
+        """Append the counts to the stream; returns how many keys were sent (0 when it failed)."""
+        counts = self.drain()
+        if not counts:
+            return 0
+        try:
+            await client.xadd(self.stream, self._message(counts), maxlen=self.maxlen, approximate=True)  # type: ignore[arg-type]
+        except (redis.RedisError, OSError) as exc:
+            log.warning("hit counts not recorded (%s)", exc)
+            return 0
+        self.flushed += len(counts)
+        return len(counts)
+
+    def flush_sync(self, client: redis.Redis) -> int:
+        """:meth:`flush` for a blocking client."""
+        counts = self.drain()
+        if not counts:
+            return 0
+        try:
+            client.xadd(self.stream, self._message(counts), maxlen=self.maxlen, approximate=True)  # type: ignore[arg-type]
+        except (redis.RedisError, OSError) as exc:
+            log.warning("hit counts not recorded (%s)", exc)
+            return 0
+        self.flushed += len(counts)
+        return len(counts)
+
+
+def parse_hits(fields: dict[bytes, bytes]) -> dict[str, tuple[int, int]]:
+    """The counts of one stream message: entry key -> (hits, last hit ms); {} for a malformed one."""
+    try:
+        data = orjson.loads(fields.get(HITS_FIELD.encode(), b"{}"))
+    except orjson.JSONDecodeError:
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    out: dict[str, tuple[int, int]] = {}
+    for key, value in data.items():
+        if (
+            isinstance(value, list)
+            and len(value) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
+        ):
+            out[str(key)] = (value[0], value[1])
+    return out

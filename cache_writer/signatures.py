@@ -1,0 +1,180 @@
+"""The active schema signature of each namespace, in Redis, moving only forward (invariant 7).
+
+One hash per namespace that has a model, in the namespace's slot (README, "Redis layout")::
+
+    <prefix>:{<namespace>}:$signature
+        s      the active signature (64 hex digits): entries whose field ``s`` differs are never served
+        o      its order (``schemas.model_updates.signature_order``), compared byte by byte
+        u      the model update it comes from (JSON, as on the model-update topic)
+        cols   the value columns it covers (JSON array)
+        t      when it became active, ms since the epoch
+        ps po pu pcols pt   the same for a signature being prewarmed (prewarm-then-switch), if any
+
+:func:`set_signature` is a compare-and-set on ``o`` in Lua: a signature is replaced only by one of a
+higher order, so a replayed or older model update can never bring an old signature back. A cutover of
+any number of entries is this one write; entries built under the old signature stop being served at
+once, because the read script (``get_or_lease.lua``) compares every entry's ``s`` with the active one in
+the same atomic step. They go by their TTL or ``freshkey model sweep``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import redis
+
+from cache_writer.exceptions import TierUnavailableError
+from cache_writer.keys import namespace_prefix, signature_key
+from cache_writer.redis_cluster import RedisClient, run_pipeline
+from cache_writer.redis_tier import _script
+
+SIGNATURE_SCRIPT, SIGNATURE_SHA = _script("set_signature.lua")
+
+
+@dataclass(frozen=True, slots=True)
+class SignatureRecord:
+    """One signature of a namespace, with what it was computed from."""
+
+    signature: str
+    order: str
+    update: bytes
+    """The model update (JSON) whose model, tokenizer, schema and weights the signature covers."""
+    value_columns: tuple[str, ...]
+    at_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class NamespaceSignatures:
+    namespace: str
+    active: SignatureRecord | None
+    pending: SignatureRecord | None = None
+
+    @property
+    def active_signature(self) -> str:
+        """The active signature, '' when the namespace has none (no model: entries carry none)."""
+        return self.active.signature if self.active is not None else ""
+
+
+@dataclass(frozen=True, slots=True)
+class SetResult:
+    applied: bool
+    previous: str
+    """applied: the signature that was active before ('' none); refused: the one that is active."""
+    active_order: str = ""
+    """When refused: the active order that was not exceeded."""
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _record(fields: dict[bytes, bytes], pending: bool) -> SignatureRecord | None:
+    p = "p" if pending else ""
+    signature = fields.get(f"{p}s".encode())
+    order = fields.get(f"{p}o".encode())
+    if signature is None or order is None:
+        return None
+    columns = json.loads(fields.get(f"{p}cols".encode(), b"[]"))
+    return SignatureRecord(
+        signature=signature.decode(),
+        order=order.decode(),
+        update=fields.get(f"{p}u".encode(), b""),
+        value_columns=tuple(str(c) for c in columns),
+        at_ms=int(fields.get(b"pt" if pending else b"t", b"0")),
+    )
+
+
+def parse_signatures(namespace: str, fields: dict[bytes, bytes]) -> NamespaceSignatures:
+    """The state of a namespace from the fields of its ``$signature`` hash (empty: no model)."""
+    return NamespaceSignatures(namespace, _record(fields, False), _record(fields, True))
+
+
+async def read_signatures(
+    client: RedisClient, prefix: str, namespaces: Iterable[str]
+) -> dict[str, NamespaceSignatures]:
+    """The signature state of each namespace, read in one pipeline (redirects followed on a cluster)."""
+    names = list(dict.fromkeys(namespaces))
+    replies = await run_pipeline(client, [("HGETALL", signature_key(prefix, ns)) for ns in names])
+    states: dict[str, NamespaceSignatures] = {}
+    for namespace, reply in zip(names, replies, strict=True):
+        if isinstance(reply, Exception):
+            raise reply
+        states[namespace] = parse_signatures(namespace, _fields(reply))
+    return states
+
+
+async def read_active_signatures(client: RedisClient, prefix: str, namespaces: Sequence[str]) -> list[str]:
+    """Only the active and pending signatures (fields ``s`` and ``ps``), as ``s/ps``, one per namespace;
+    cheap enough to check on every batch whether a namespace's state changed."""
+    replies = await run_pipeline(
+        client, [("HMGET", signature_key(prefix, ns), "s", "ps") for ns in namespaces]
+    )
+    out: list[str] = []
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+        active, pending = reply
+        out.append(f"{_text(active) if active else ''}/{_text(pending) if pending else ''}")
+    return out
+
+
+def read_signatures_sync(client: redis.Redis, prefix: str, namespace: str) -> NamespaceSignatures:
+    """:func:`read_signatures` for one namespace with a blocking client."""
+    return parse_signatures(namespace, _fields(client.hgetall(signature_key(prefix, namespace))))
+
+
+def _fields(reply: Any) -> dict[bytes, bytes]:
+    if isinstance(reply, dict):
+        return {
+            k if isinstance(k, bytes) else str(k).encode(): v if isinstance(v, bytes) else str(v).encode()
+            for k, v in reply.items()
+        }
+    items = list(reply or [])
+    return dict(zip(items[0::2], items[1::2], strict=True))
+
+
+async def set_signature(
+    client: RedisClient,
+    prefix: str,
+    namespace: str,
+    record: SignatureRecord,
+    *,
+    mode: Literal["active", "pending"] = "active",
+    channel: str | None = None,
+) -> SetResult:
+    """Compare-and-set the namespace's signature (``set_signature.lua``).
+
+    ``active``: lands only when ``record.order`` is above the active order; it then clears a pending
+    signature that is not above it, and is announced on ``channel`` as ``a <signature> <key prefix>``
+    (in-process tiers drop the namespace's entries). ``pending``: lands only when ``record.order`` is
+    above the active order and not below the pending one (a replay of the same cutover lands again).
+    Raises :class:`TierUnavailableError` when Redis does not answer.
+    """
+    at_ms = record.at_ms or int(time.time() * 1000)
+    command = (
+        "EVALSHA",
+        SIGNATURE_SHA,
+        1,
+        signature_key(prefix, namespace),
+        mode,
+        record.order,
+        record.signature,
+        record.update,
+        json.dumps(list(record.value_columns)),
+        at_ms,
+        channel or "",
+        namespace_prefix(prefix, namespace),
+    )
+    try:
+        (reply,) = await run_pipeline(client, [command], scripts=(SIGNATURE_SCRIPT,))
+    except redis.RedisError as exc:
+        raise TierUnavailableError("redis", exc) from exc
+    if isinstance(reply, Exception):
+        raise TierUnavailableError("redis", reply)
+    if int(reply[0]) == 1:
+        return SetResult(True, _text(reply[1]))
+    return SetResult(False, _text(reply[2]), _text(reply[1]))

@@ -1,0 +1,45 @@
+"""Background sweep of entries built under an old signature (``freshkey model sweep``).
+
+A cutover never scans: old entries simply stop being served. They still hold memory until their TTL;
+this sweep frees it sooner. It SCANs the namespace (every primary of a cluster) and runs
+``sweep_entry.lua`` on each entry, which re-checks atomically that the entry is built under neither the
+active nor the pending signature before deleting it; tombstones are never deleted.
+"""
+
+from __future__ import annotations
+
+from cache_writer.entries import _scan
+from cache_writer.keys import SIGNATURE_SUFFIX, namespace_pattern, signature_key
+from cache_writer.redis_cluster import RedisClient, run_pipeline
+from cache_writer.redis_tier import _script
+
+SWEEP_SCRIPT, SWEEP_SHA = _script("sweep_entry.lua")
+
+
+async def sweep_namespace(
+    client: RedisClient, prefix: str, namespace: str, *, batch: int = 1000, dry_run: bool = False
+) -> tuple[int, int]:
+    """Returns (keys scanned, entries deleted or, with ``dry_run``, that would be)."""
+    signature = signature_key(prefix, namespace)
+    scanned = deleted = 0
+    keys: list[bytes] = []
+
+    async def flush() -> int:
+        commands = [("EVALSHA", SWEEP_SHA, 2, k, signature, "1" if dry_run else "0") for k in keys]
+        replies = await run_pipeline(client, commands, scripts=(SWEEP_SCRIPT,))
+        keys.clear()
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return sum(int(r) for r in replies)
+
+    async for key in _scan(client, namespace_pattern(prefix, namespace), batch):
+        scanned += 1
+        if key.decode(errors="replace").endswith(SIGNATURE_SUFFIX):
+            continue
+        keys.append(key)
+        if len(keys) >= batch:
+            deleted += await flush()
+    if keys:
+        deleted += await flush()
+    return scanned, deleted

@@ -1,0 +1,156 @@
+"""Hotness of cache entries: hit counts from the clients, in a Faust table, scored for prewarming.
+
+The path of a hit (the simplest that survives restarts of every part):
+
+1. The application's client counts hits by entry key and appends them in batches to the Redis Stream
+   ``<prefix>:hits`` (``cache_writer.hotness.HitRecorder``): no Kafka in applications.
+2. Each worker reads that stream in the consumer group ``freshkey-hotness`` (:class:`HitForwarder`) and
+   forwards the counts, split by namespace, to the hotness topic keyed by namespace; it acknowledges the
+   stream messages once Kafka has them (at least once: a count may be counted twice after a crash).
+3. The hotness agent folds them into the Faust table ``hotness`` (entry key -> ``"hits,last_hit_ms"``,
+   changelog-backed). A namespace's counts all live in the partition of its name, which is also where
+   its cutover commands go, so the worker that runs a cutover has the namespace's counts at hand.
+
+Score of an entry with ``hits`` hits, last hit ``age`` seconds ago (``FRESHKEY_HOTNESS_*``)::
+
+    alpha * sigmoid(hits / hit_scale) + (1 - alpha) * exp(-age / tau_s)      alpha 0.7, tau_s 3600
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import math
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import redis
+import redis.asyncio as aioredis
+
+from cache_writer.hotness import hits_stream, parse_hits
+from pipeline.settings import HotnessSettings
+
+log = logging.getLogger(__name__)
+
+HITS_GROUP = "freshkey-hotness"
+
+
+def hotness_score(hits: int, age_s: float, settings: HotnessSettings) -> float:
+    """``alpha * sigmoid(hits / hit_scale) + (1 - alpha) * exp(-max(age, 0) / tau_s)``."""
+    x = hits / settings.hit_scale
+    sigmoid = 1.0 / (1.0 + math.exp(-x)) if x > -700 else 0.0
+    recency = math.exp(-max(age_s, 0.0) / settings.tau_s)
+    return settings.alpha * sigmoid + (1.0 - settings.alpha) * recency
+
+
+def encode_count(hits: int, last_ms: int) -> str:
+    return f"{hits},{last_ms}"
+
+
+def decode_count(value: str | None) -> tuple[int, int]:
+    if not value:
+        return 0, 0
+    hits, _, last = value.partition(",")
+    try:
+        return int(hits), int(last or 0)
+    except ValueError:
+        return 0, 0
+
+
+def merge_count(current: str | None, hits: int, last_ms: int) -> str:
+    """The table value after adding ``hits`` (the latest hit time wins)."""
+    have, seen = decode_count(current)
+    return encode_count(have + hits, max(seen, last_ms))
+
+
+def top_entries(
+    items: Iterable[tuple[str, str]], key_prefix: str, n: int, now_ms: int, settings: HotnessSettings
+) -> list[str]:
+    """The ``n`` hottest entry keys starting with ``key_prefix`` (ties: the key), hottest first."""
+    if n <= 0:
+        return []
+    scored = (
+        (hotness_score(hits, (now_ms - last) / 1000, settings), key)
+        for key, value in items
+        if key.startswith(key_prefix)
+        for hits, last in (decode_count(value),)
+    )
+    return [key for _, key in heapq.nlargest(n, scored)]
+
+
+def namespace_of(key: str) -> str | None:
+    """The namespace of an entry key ``<prefix>:{<namespace>}:...``."""
+    start = key.find(":{")
+    end = key.find("}:", start + 2)
+    if start < 0 or end < 0:
+        return None
+    return key[start + 2 : end]
+
+
+@dataclass(frozen=True, slots=True)
+class HitBatch:
+    namespace: str
+    counts: dict[str, tuple[int, int]]
+
+    def to_json(self, prefix: str) -> bytes:
+        return orjson.dumps(
+            {"kind": "hits", "prefix": prefix, "namespace": self.namespace, "counts": self.counts}
+        )
+
+
+def split_by_namespace(counts: dict[str, tuple[int, int]], prefix: str) -> list[HitBatch]:
+    """Counts of one client flush, split by namespace (keys of other prefixes are dropped)."""
+    by_namespace: dict[str, dict[str, tuple[int, int]]] = {}
+    for key, count in counts.items():
+        namespace = namespace_of(key)
+        if namespace is None or not key.startswith(f"{prefix}:{{"):
+            continue
+        by_namespace.setdefault(namespace, {})[key] = count
+    return [HitBatch(ns, c) for ns, c in sorted(by_namespace.items())]
+
+
+Send = Callable[[bytes, bytes], Awaitable[None]]
+"""Send one message (key, value) to the hotness topic and wait until Kafka has it."""
+
+
+class HitForwarder:
+    """Moves the clients' hit counts from the Redis Stream to the hotness topic (module docstring)."""
+
+    def __init__(self, client: aioredis.Redis | aioredis.RedisCluster, prefix: str, consumer: str) -> None:
+        self.client = client
+        self.prefix = prefix
+        self.stream = hits_stream(prefix)
+        self.consumer = consumer
+        self._group_ready = False
+        self.forwarded = 0
+
+    async def _ensure_group(self) -> None:
+        if self._group_ready:
+            return
+        try:
+            await self.client.xgroup_create(self.stream, HITS_GROUP, id="0", mkstream=True)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        self._group_ready = True
+
+    async def forward(self, send: Send, *, count: int = 100) -> int:
+        """Forward up to ``count`` stream messages; returns how many namespace batches were sent."""
+        await self._ensure_group()
+        replies: Any = await self.client.xreadgroup(
+            HITS_GROUP, self.consumer, {self.stream: ">"}, count=count, block=None
+        )
+        sent = 0
+        for _stream, messages in replies or []:
+            ids = []
+            for message_id, fields in messages:
+                for batch in split_by_namespace(parse_hits(fields), self.prefix):
+                    await send(batch.namespace.encode(), batch.to_json(self.prefix))
+                    sent += 1
+                ids.append(message_id)
+            if ids:
+                await self.client.xack(self.stream, HITS_GROUP, *ids)
+        self.forwarded += sent
+        return sent
