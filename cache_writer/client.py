@@ -36,6 +36,7 @@ import redis.asyncio as aioredis
 from cache_writer.hotness import HitRecorder
 from cache_writer.keys import entry_key, signature_key_of
 from cache_writer.l1 import L1Cache
+from cache_writer.redis_cluster import RedisClient, run_pipeline
 from cache_writer.redis_tier import _script
 from schemas import row_key
 from schemas.events import KeyValue
@@ -182,7 +183,7 @@ class CacheClient(_Base):
 
     def __init__(
         self,
-        client: aioredis.Redis,
+        client: RedisClient,
         *,
         prefix: str = "fk",
         l1: L1Cache | None = None,
@@ -199,6 +200,13 @@ class CacheClient(_Base):
 
     async def _evalsha(self, sha: str, script: str, key: str, *args: Any) -> Any:
         keys = (key, signature_key_of(key))
+        if isinstance(self.redis, aioredis.RedisCluster):
+            # redis-py's own ASK handling breaks under concurrency during a slot migration;
+            # run_pipeline follows MOVED/ASK itself and reloads scripts on the node that lacks them.
+            (reply,) = await run_pipeline(self.redis, [("EVALSHA", sha, 2, *keys, *args)], scripts=(script,))
+            if isinstance(reply, Exception):
+                raise reply
+            return reply
         try:
             return await self.redis.evalsha(sha, 2, *keys, *args)
         except redis.exceptions.NoScriptError:

@@ -238,3 +238,34 @@ def test_an_invalidation_voids_the_lease_even_when_it_changes_nothing(redis_url:
         assert await client.fill(miss.lease, b'"read before the change"', 5) is FillResult.LEASE_VOID
 
     run(redis_url, body)
+
+
+def test_leases_on_a_redis_cluster(redis_cluster: Any) -> None:
+    """The same protocol on a 3-master cluster: keys of a namespace, its tombstones, leases and
+    signature record share one hash slot, so every script runs on one node."""
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+
+    async def main() -> None:
+        client = redis_cluster.client()
+        tier = RedisTier(
+            redis_cluster.client(), tombstone_ttl_ms=60_000, channel=invalidation_channel(prefix)
+        )
+        cache = CacheClient(client, prefix=prefix)
+        try:
+            for ns in ("alpha", "beta", "gamma"):  # namespaces land on different nodes
+                miss = await cache.get(ns, [1])
+                assert isinstance(miss, Miss) and miss.lease is not None
+                await tier.apply([W(miss.key, 7, b'"new"')])
+                assert await cache.fill(miss.lease, b'"old"', None) is FillResult.LEASE_VOID
+                hit = await cache.get(ns, [1])
+                assert isinstance(hit, Hit) and hit.value == b'"new"'
+                other = await cache.get(ns, [2])
+                assert isinstance(other, Miss) and other.lease is not None
+                assert await cache.fill(other.lease, b'"two"', 3) is FillResult.FILLED
+                hit2 = await cache.get(ns, [2])
+                assert isinstance(hit2, Hit) and hit2.version == 3
+        finally:
+            await tier.close()
+            await client.aclose()
+
+    asyncio.run(main())
