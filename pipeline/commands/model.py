@@ -68,6 +68,7 @@ def build_update(
     weights_sha256: str | None,
     namespaces: list[str],
     key_bits: int | None,
+    weights_ref: str | None = None,
 ) -> tuple[ModelUpdate, list[str]]:
     """The update to publish and warnings. The digest is the file's unless one is given (a different
     one is published as given: the workers reject it, which is how a wrong digest is tested)."""
@@ -92,7 +93,7 @@ def build_update(
             model_version=version,
             tokenizer_version=tokenizer,
             input_schema=schema,
-            weights_ref=str(weights.resolve()),
+            weights_ref=weights_ref or str(weights.resolve()),
             weights_sha256=digest,
             namespaces=tuple(namespaces),
             key_bits=key_bits or parsed.key_bits,  # type: ignore[arg-type]
@@ -120,6 +121,14 @@ def publish(
     key_bits: Annotated[
         int | None, typer.Option("--key-bits", help="64 or 128 (default: the file's).")
     ] = None,
+    weights_ref: Annotated[
+        str | None,
+        typer.Option(
+            "--weights-ref",
+            help="Reference the workers resolve (relative: to FRESHKEY_MODEL_WEIGHTS_DIR); "
+            "default: the file's absolute path here.",
+        ),
+    ] = None,
     env_file: EnvFile = None,
     json_path: Annotated[Path | None, typer.Option("--json", help="Also write the update here.")] = None,
 ) -> None:
@@ -134,6 +143,7 @@ def publish(
         weights_sha256=weights_sha256,
         namespaces=namespaces,
         key_bits=key_bits,
+        weights_ref=weights_ref,
     )
     for warning in warnings:
         console.print(f"[yellow]![/yellow] {warning}")

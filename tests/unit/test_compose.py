@@ -33,10 +33,12 @@ from packaging.specifiers import SpecifierSet
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from cache_writer.settings import RedisSettings
+from cache_writer.settings import L3Settings, RedisSettings
+from connectors.heartbeat import HeartbeatSettings
 from connectors.settings import ConnectorSettings, KafkaSettings, MySQLSettings
 from pipeline import demo
-from pipeline.settings import BindingSettings, WorkerSettings
+from pipeline.settings import BindingSettings, HotnessSettings, ModelSettings, WorkerSettings
+from pipeline.sla import SlaSettings
 from pipeline.telemetry import TelemetrySettings
 from schemas import BindingError, parse_bindings
 
@@ -51,6 +53,11 @@ SETTINGS_CLASSES: tuple[type[BaseSettings], ...] = (
     WorkerSettings,
     BindingSettings,
     TelemetrySettings,
+    ModelSettings,
+    HotnessSettings,
+    SlaSettings,
+    L3Settings,
+    HeartbeatSettings,
 )
 REQUIRED_SERVICES = ("mysql", "kafka", "redis", "connector", "worker", "prometheus", "grafana")
 APP_SERVICES = ("connector", "worker")
