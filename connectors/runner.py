@@ -14,9 +14,11 @@ from connectors.binlog import BinlogSource, Boundary, current_position
 from connectors.checkpoint import BinlogPosition, CheckpointStore, CheckpointTracker
 from connectors.doctor import require_ready
 from connectors.producer import ChangeProducer
+from connectors.registry import RegistryRowError, update_from_row
 from connectors.settings import ConnectorSettings, KafkaSettings, MySQLSettings
 from connectors.topics import ensure_topics
-from schemas import DeadLetter, encode, message_key
+from schemas import ChangeEvent, DdlEvent, DeadLetter, encode, message_key
+from schemas.codec import dead_letter
 
 log = logging.getLogger(__name__)
 
@@ -65,10 +67,15 @@ def run_connector(
 
     On a clean stop it waits for outstanding acknowledgements and saves the final checkpoint.
     """
+    registry: tuple[str, str] | None = None
+    if connector.model_registry_table:
+        db, table = connector.model_registry_table.split(".", 1)
+        registry = (db, table)
+        tables = {*tables, registry}
     if not tables:
         raise ValueError("no tables to read: the bindings are empty")
     info = require_ready(mysql)
-    ensure_topics(kafka)
+    ensure_topics(kafka, extra=[kafka.model_update_topic] if registry else [])
     store = CheckpointStore(connector.checkpoint_path)
     start = store.load()
     if start is None:
@@ -118,6 +125,8 @@ def run_connector(
             if isinstance(item, Boundary):
                 tracker.boundary(item.position)
                 stats.transactions += 1
+            elif registry is not None and isinstance(item, ChangeEvent) and item.table == registry:
+                _registry_row(producer, tracker, kafka, item, stats)
             else:
                 _produce(producer, tracker, kafka, item)
                 if isinstance(item, DeadLetter):
@@ -159,6 +168,35 @@ def run_connector(
     return stats
 
 
+def _registry_row(
+    producer: ChangeProducer,
+    tracker: CheckpointTracker,
+    kafka: KafkaSettings,
+    event: ChangeEvent,
+    stats: ConnectorStats,
+) -> None:
+    """A change of the model registry table: a model update, or a dead letter saying why not."""
+    try:
+        update = update_from_row(event)
+    except RegistryRowError as exc:
+        stats.dead_letters += 1
+        log.warning("model registry row %s: %s", event.key, exc)
+        _produce(producer, tracker, kafka, dead_letter(str(exc), encode(event), stage="model-registry"))
+        return
+    if update is None:
+        return
+    seq = tracker.produced()
+    producer.produce(
+        kafka.model_update_topic,
+        update.model.encode(),
+        update.model_dump_json().encode(),
+        lambda: tracker.acknowledged(seq),
+    )
+    log.info(
+        "model update from the registry: %s %s for %s", update.model, update.model_version, update.namespaces
+    )
+
+
 def _produce(
     producer: ChangeProducer,
     tracker: CheckpointTracker,
@@ -175,7 +213,6 @@ def _produce(
     if isinstance(item, DeadLetter):
         producer.produce(kafka.dead_letter_topic, b"connector", encode(item), delivered)
         return
-    from schemas import ChangeEvent, DdlEvent
 
     if isinstance(item, ChangeEvent):
         key = message_key(item.source.db, item.source.table, item.key)

@@ -70,6 +70,11 @@ class ConnectorSettings(BaseSettings):
     version_source: Literal["binlog", "gtid"] = Field(
         "binlog", description="How event versions are computed (see schemas.versions)."
     )
+    model_registry_table: str | None = Field(
+        None,
+        pattern=r"^[^.]+\.[^.]+$",
+        description="db.table of a model registry; its inserts become model updates (connectors/registry.py)",
+    )
     start_from: Literal["current", "earliest"] = Field(
         "current", description="Where a connector without a checkpoint starts reading the binlog."
     )

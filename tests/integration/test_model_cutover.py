@@ -292,3 +292,35 @@ def test_ddl_that_changes_the_value_projection_changes_the_signature(
     assert isinstance(hit, Hit) and orjson.loads(hit.value)["extra"] == 7
     report = verify(p)
     assert report.stale == 0 and report.checked == 1, report
+
+
+def test_model_updates_from_a_registry_table_in_mysql(make_pipeline: Callable[..., Pipeline]) -> None:
+    """The connector turns inserts into a registry table into model updates; a bad row is a dead letter."""
+    p = make_pipeline(binding_extra=SEMANTIC)
+    registry = f"{p.database}.model_registry"
+    p.sql(
+        f"CREATE TABLE {registry} (id BIGINT AUTO_INCREMENT PRIMARY KEY, model VARCHAR(200) NOT NULL, "
+        "model_version VARCHAR(100) NOT NULL, tokenizer_version VARCHAR(200) NOT NULL, "
+        "input_schema JSON NOT NULL, weights_ref VARCHAR(1000) NOT NULL, weights_sha256 CHAR(64) NOT NULL, "
+        "namespaces JSON NOT NULL, key_bits SMALLINT NOT NULL DEFAULT 64)"
+    )
+    p.env["FRESHKEY_CONNECTOR_MODEL_REGISTRY_TABLE"] = registry
+    p.start("connector")
+    p.start("worker")
+    path, weights = make_weights(p, 5)
+    insert = (
+        f"INSERT INTO {registry} (model, model_version, tokenizer_version, input_schema, weights_ref, "
+        "weights_sha256, namespaces) VALUES (%s, %s, 'tok-1', %s, %s, %s, %s)"
+    )
+    schema, namespaces = json.dumps(SCHEMA), json.dumps([p.namespace])
+    p.sql(insert, ("minilm", "1.0.0", schema, str(path), weights.sha256, namespaces))
+    first = wait_cutover(p, 1)
+    assert first["model_version"] == "1.0.0" and active_signature(p) == first["signature"]
+
+    p.sql(insert, ("minilm", "not-a-version", schema, str(path), weights.sha256, "[]"))
+    letters = [orjson.loads(v) for _, v in read_topic(p.kafka, p.dead_letter_topic, expect=1)]
+    assert letters[0]["stage"] == "model-registry"
+    assert "model_version" in letters[0]["reason"] or "namespaces" in letters[0]["reason"], letters
+    p.sql(insert, ("minilm", "1.1.0", schema, str(path), weights.sha256, namespaces))
+    second = wait_cutover(p, 2)
+    assert second["model_version"] == "1.1.0", "the connector went on after the bad row"
