@@ -12,7 +12,7 @@ from connectors.settings import MySQLSettings
 from schemas import row_to_json
 
 
-def _quote(identifier: str) -> str:
+def quote_identifier(identifier: str) -> str:
     return "`" + identifier.replace("`", "``") + "`"
 
 
@@ -24,41 +24,43 @@ def read_table(settings: MySQLSettings, database: str, table: str) -> Iterator[d
     )
     try:
         with conn.cursor() as cur:
-            cur.execute(f"SELECT * FROM {_quote(database)}.{_quote(table)}")
+            cur.execute(f"SELECT * FROM {quote_identifier(database)}.{quote_identifier(table)}")
             for row in cur:
                 yield row_to_json(row)
     finally:
         conn.close()
 
 
-def table_columns(settings: MySQLSettings, database: str, table: str) -> tuple[str, ...]:
-    """The table's columns in their order (information_schema); empty when the table does not exist."""
+def _names(settings: MySQLSettings, query: str, database: str, table: str) -> tuple[str, ...]:
     conn = pymysql.connect(**settings.connection_kwargs())
     try:
         with conn.cursor() as cur:
-            cur.execute(
-                "SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA=%s AND TABLE_NAME=%s "
-                "ORDER BY ORDINAL_POSITION",
-                (database, table),
-            )
+            cur.execute(query, (database, table))
             return tuple(str(row[0]) for row in cur.fetchall())
     finally:
         conn.close()
+
+
+def table_columns(settings: MySQLSettings, database: str, table: str) -> tuple[str, ...]:
+    """The table's columns in their order (information_schema); empty when the table does not exist."""
+    return _names(
+        settings,
+        "SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA=%s AND TABLE_NAME=%s "
+        "ORDER BY ORDINAL_POSITION",
+        database,
+        table,
+    )
 
 
 def primary_key(settings: MySQLSettings, database: str, table: str) -> tuple[str, ...]:
     """The table's primary key columns in order; empty when it has none."""
-    conn = pymysql.connect(**settings.connection_kwargs())
-    try:
-        with conn.cursor() as cur:
-            cur.execute(
-                "SELECT COLUMN_NAME FROM information_schema.KEY_COLUMN_USAGE WHERE TABLE_SCHEMA=%s "
-                "AND TABLE_NAME=%s AND CONSTRAINT_NAME='PRIMARY' ORDER BY ORDINAL_POSITION",
-                (database, table),
-            )
-            return tuple(str(row[0]) for row in cur.fetchall())
-    finally:
-        conn.close()
+    return _names(
+        settings,
+        "SELECT COLUMN_NAME FROM information_schema.KEY_COLUMN_USAGE WHERE TABLE_SCHEMA=%s "
+        "AND TABLE_NAME=%s AND CONSTRAINT_NAME='PRIMARY' ORDER BY ORDINAL_POSITION",
+        database,
+        table,
+    )
 
 
 def read_rows(
@@ -79,7 +81,8 @@ def read_rows(
     if not key_columns:
         raise ValueError("read_rows needs the key columns")
     conn = pymysql.connect(**settings.connection_kwargs(), cursorclass=pymysql.cursors.DictCursor)
-    columns = ", ".join(_quote(c) for c in key_columns)
+    columns = ", ".join(quote_identifier(c) for c in key_columns)
+    source = f"{quote_identifier(database)}.{quote_identifier(table)}"
     one = "(" + ", ".join(["%s"] * len(key_columns)) + ")"
     rows: list[dict[str, Any]] = []
     try:
@@ -87,8 +90,7 @@ def read_rows(
             for start in range(0, len(keys), chunk):
                 part = keys[start : start + chunk]
                 cur.execute(
-                    f"SELECT * FROM {_quote(database)}.{_quote(table)} WHERE ({columns}) IN "
-                    f"({', '.join([one] * len(part))})",
+                    f"SELECT * FROM {source} WHERE ({columns}) IN ({', '.join([one] * len(part))})",
                     tuple(value for key in part for value in key),
                 )
                 rows.extend(row_to_json(row) for row in cur.fetchall())

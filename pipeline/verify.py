@@ -17,17 +17,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
-
-import pymysql
-import pymysql.cursors
+from urllib.parse import unquote
 
 from cache_writer import entry_key
 from cache_writer.entries import Entry, parse_entry, read_namespace
 from cache_writer.redis_cluster import RedisClient, run_pipeline
 from cache_writer.signatures import read_signatures
+from connectors.database import primary_key, read_rows, read_table
 from connectors.settings import MySQLSettings
 from pipeline.models import KeyRequest, ModelRegistry, semantic_keys
-from schemas import Binding, Bindings, column_version, encode_value, row_to_json
+from schemas import Binding, Bindings, column_version, encode_value
 
 
 class Verdict(StrEnum):
@@ -168,42 +167,6 @@ class Verification:
         }
 
 
-def _primary_key(conn: Any, database: str, table: str) -> tuple[str, ...]:
-    with conn.cursor() as cur:
-        cur.execute(
-            "SELECT COLUMN_NAME FROM information_schema.KEY_COLUMN_USAGE WHERE TABLE_SCHEMA=%s "
-            "AND TABLE_NAME=%s AND CONSTRAINT_NAME='PRIMARY' ORDER BY ORDINAL_POSITION",
-            (database, table),
-        )
-        columns = tuple(str(r[0]) for r in cur.fetchall())
-    if not columns:
-        raise ValueError(f"{database}.{table} has no primary key")
-    return columns
-
-
-def _q(identifier: str) -> str:
-    return "`" + identifier.replace("`", "``") + "`"
-
-
-def _read_rows(
-    conn: Any, binding: Binding, key_columns: Sequence[str], *, keys: Sequence[Sequence[Any]] | None = None
-) -> list[dict[str, Any]]:
-    table = f"{_q(binding.database)}.{_q(binding.table_name)}"
-    with conn.cursor(pymysql.cursors.SSDictCursor) as cur:
-        if keys is None:
-            cur.execute(f"SELECT * FROM {table}")
-        else:
-            if not keys:
-                return []
-            where = " AND ".join(f"{_q(c)} = %s" for c in key_columns)
-            rows: list[dict[str, Any]] = []
-            for key in keys:
-                cur.execute(f"SELECT * FROM {table} WHERE {where}", tuple(key))
-                rows.extend(row_to_json(r) for r in cur.fetchall())
-            return rows
-        return [row_to_json(r) for r in cur]
-
-
 async def _entries(client: RedisClient, keys: Sequence[str]) -> dict[str, Entry | None]:
     replies = await run_pipeline(client, [("HGETALL", key) for key in keys])
     entries: dict[str, Entry | None] = {}
@@ -233,7 +196,6 @@ async def run_verification(
 ) -> Verification:
     """Check every tier against the database (all rows, or a random sample of ``sample`` rows per
     binding); each mismatch is checked again after ``window_ms``: still wrong -> stale, else in flight."""
-    conn = pymysql.connect(**mysql.connection_kwargs(), autocommit=True)
     rng = random.Random(seed)
     reports: list[VerifyReport] = []
     suspects: list[tuple[VerifyReport, Binding, tuple[str, ...], RedisClient, str, list[Any]]] = []
@@ -241,76 +203,73 @@ async def run_verification(
     registry = (
         ModelRegistry(Bindings(bindings=tuple(bindings)), prefix=prefix, device="cpu") if bindings else None
     )
-    try:
-        for binding in bindings:
-            key_columns = binding.key_columns or _primary_key(conn, binding.database, binding.table_name)
-            rows = _read_rows(conn, binding, key_columns)
-            if sample is not None and len(rows) > sample:
-                rows = rng.sample(rows, sample)
-                full = False
-            else:
-                full = True
-            state = signatures.get(binding.namespace)
-            active = state.active_signature if state is not None else ""
-            if binding.semantic is None:
-                by_key = {entry_key(prefix, binding.namespace, [r[c] for c in key_columns]): r for r in rows}
-            else:
-                # Entries are addressed by the rows' semantic keys under the active model; entries of rows
-                # that are gone cannot be told from other rows' entries, so there is no full scan.
-                full = False
-                by_key = {}
-                if state is not None and state.active is not None and registry is not None:
-                    model = await registry.state(state.active, binding)
-                    keys = semantic_keys([KeyRequest(binding, model, r) for r in rows], prefix)
-                    by_key = {k: r for k, r in zip(keys, rows, strict=True) if isinstance(k, str)}
-            for tier_name, client in tiers:
-                report = VerifyReport(binding.namespace, tier=tier_name, rows=len(rows))
-                report.versions_checked = binding.version_column is not None
-                entries = await _entries(client, list(by_key))
-                if full:
-                    extra = await read_namespace(client, prefix, binding.namespace)
-                    for key, found in extra.items():
-                        entries.setdefault(key, found)
-                # An entry built under another signature than the active one is never served: absent.
-                entries = {
-                    k: e if e is None or (e.signature or "") == active else None for k, e in entries.items()
-                }
-                report.entries = sum(e is not None for e in entries.values())
-                for key, entry in entries.items():
-                    row = by_key.get(key)
-                    verdict, reason = judge(binding, row, entry)
-                    if verdict is Verdict.MISSING:
-                        report.missing += 1
-                        continue
-                    report.checked += 1
-                    if verdict is Verdict.STALE:
-                        values = [row[c] for c in key_columns] if row else _key_values(key)
-                        suspects.append((report, binding, key_columns, client, key, values))
-                reports.append(report)
-        if suspects:
-            await asyncio.sleep(window_ms / 1000)
-        for report, binding, key_columns, client, key, values in suspects:
-            rows_now = _read_rows(conn, binding, key_columns, keys=[values]) if values else []
-            entry_now = (await _entries(client, [key]))[key]
-            state = signatures.get(binding.namespace)
-            if entry_now is not None and (entry_now.signature or "") != (
-                state.active_signature if state else ""
-            ):
-                entry_now = None
-            verdict, reason = judge(binding, rows_now[0] if rows_now else None, entry_now)
-            if verdict is Verdict.STALE:
-                report.stale += 1
-                report._example(f"stale after {window_ms:.0f} ms: {key}: {reason}")
-            else:
-                report.in_flight += 1
-    finally:
-        conn.close()
+    for binding in bindings:
+        key_columns = binding.key_columns or primary_key(mysql, binding.database, binding.table_name)
+        if not key_columns:
+            raise ValueError(f"{binding.table} has no primary key: name key_columns in its binding")
+        rows = list(read_table(mysql, binding.database, binding.table_name))
+        if sample is not None and len(rows) > sample:
+            rows = rng.sample(rows, sample)
+            full = False
+        else:
+            full = True
+        state = signatures.get(binding.namespace)
+        active = state.active_signature if state is not None else ""
+        if binding.semantic is None:
+            by_key = {entry_key(prefix, binding.namespace, [r[c] for c in key_columns]): r for r in rows}
+        else:
+            # Entries are addressed by the rows' semantic keys under the active model; entries of rows
+            # that are gone cannot be told from other rows' entries, so there is no full scan.
+            full = False
+            by_key = {}
+            if state is not None and state.active is not None and registry is not None:
+                model = await registry.state(state.active, binding)
+                keys = semantic_keys([KeyRequest(binding, model, r) for r in rows], prefix)
+                by_key = {k: r for k, r in zip(keys, rows, strict=True) if isinstance(k, str)}
+        for tier_name, client in tiers:
+            report = VerifyReport(binding.namespace, tier=tier_name, rows=len(rows))
+            report.versions_checked = binding.version_column is not None
+            entries = await _entries(client, list(by_key))
+            if full:
+                extra = await read_namespace(client, prefix, binding.namespace)
+                for key, found in extra.items():
+                    entries.setdefault(key, found)
+            # An entry built under another signature than the active one is never served: absent.
+            entries = {
+                k: e if e is None or (e.signature or "") == active else None for k, e in entries.items()
+            }
+            report.entries = sum(e is not None for e in entries.values())
+            for key, entry in entries.items():
+                row = by_key.get(key)
+                verdict, reason = judge(binding, row, entry)
+                if verdict is Verdict.MISSING:
+                    report.missing += 1
+                    continue
+                report.checked += 1
+                if verdict is Verdict.STALE:
+                    values = [row[c] for c in key_columns] if row else _key_values(key)
+                    suspects.append((report, binding, key_columns, client, key, values))
+            reports.append(report)
+    if suspects:
+        await asyncio.sleep(window_ms / 1000)
+    for report, binding, key_columns, client, key, values in suspects:
+        rows_now = (
+            read_rows(mysql, binding.database, binding.table_name, key_columns, [values]) if values else []
+        )
+        entry_now = (await _entries(client, [key]))[key]
+        state = signatures.get(binding.namespace)
+        if entry_now is not None and (entry_now.signature or "") != (state.active_signature if state else ""):
+            entry_now = None
+        verdict, reason = judge(binding, rows_now[0] if rows_now else None, entry_now)
+        if verdict is Verdict.STALE:
+            report.stale += 1
+            report._example(f"stale after {window_ms:.0f} ms: {key}: {reason}")
+        else:
+            report.in_flight += 1
     return Verification(window_ms, reports)
 
 
 def _key_values(key: str) -> list[Any]:
     """Row key values from an entry key (for re-reading a row an entry claims exists)."""
-    from urllib.parse import unquote
-
     row_part = key.split("}:", 1)[1]
     return [unquote(part) for part in row_part.split("/")]

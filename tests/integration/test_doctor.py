@@ -82,7 +82,8 @@ def test_doctor_names_the_binlog_format_to_set(mysql_service: MySQLService, tmp_
             cur.execute("SET GLOBAL binlog_format = 'ROW'")
     assert result.returncode == 1
     assert "binlog_format" in result.stdout and "STATEMENT" in result.stdout
-    assert "binlog_format=ROW" in result.stdout.replace(" ", "").replace("\n", "") or "ROW" in result.stdout
+    flat = "".join(result.stdout.split()).replace("│", "")
+    assert "SETGLOBALbinlog_format='ROW'" in flat, "the fix names the statement to run"
 
 
 def test_wrong_password_is_a_clear_error(mysql_service: MySQLService, tmp_path: Path) -> None:
