@@ -10,8 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from schemas.codec import dead_letter_size_bound
 
 
 class MySQLSettings(BaseSettings):
@@ -57,6 +59,44 @@ class KafkaSettings(BaseSettings):
     )
     partitions: int = Field(4, ge=1, le=10_000)
     replication_factor: int = Field(1, ge=1)
+    max_message_bytes: int = Field(
+        1_000_000,
+        ge=64 * 1024,
+        le=1_000_000_000,
+        description="Largest message freshkey produces (librdkafka message.max.bytes, aiokafka "
+        "max_request_size). Keep it at or under the broker's and the topics' max.message.bytes "
+        "(Apache Kafka's default: 1048588). A change event above it is sent as an invalidation.",
+    )
+    max_fetch_bytes: int = Field(
+        1_048_576,
+        ge=64 * 1024,
+        description="Most bytes a worker fetches per partition (aiokafka max_partition_fetch_bytes); at "
+        "least max_message_bytes, so that every message freshkey produces can be consumed.",
+    )
+    dead_letter_max_original_bytes: int = Field(
+        256 * 1024,
+        ge=0,
+        description="Dead letters carry at most this many bytes of the original message (its size and "
+        "SHA-256 always); base64 makes them 4/3 larger, and the whole must fit max_message_bytes.",
+    )
+
+    @model_validator(mode="after")
+    def _limits_fit(self) -> KafkaSettings:
+        if self.max_fetch_bytes < self.max_message_bytes:
+            raise ValueError(
+                f"FRESHKEY_KAFKA_MAX_FETCH_BYTES ({self.max_fetch_bytes}) is below "
+                f"FRESHKEY_KAFKA_MAX_MESSAGE_BYTES ({self.max_message_bytes}): a worker could not consume "
+                "the largest message; raise the first or lower the second"
+            )
+        bound = dead_letter_size_bound(self.dead_letter_max_original_bytes)
+        if bound > self.max_message_bytes:
+            raise ValueError(
+                f"a dead letter with FRESHKEY_KAFKA_DEAD_LETTER_MAX_ORIGINAL_BYTES="
+                f"{self.dead_letter_max_original_bytes} can reach {bound} bytes, above "
+                f"FRESHKEY_KAFKA_MAX_MESSAGE_BYTES ({self.max_message_bytes}); lower the first "
+                f"(at most {(self.max_message_bytes - 8 * 1024) * 3 // 4})"
+            )
+        return self
 
 
 class ConnectorSettings(BaseSettings):

@@ -28,10 +28,14 @@ def load_settings(cls: type[S], env_file: Path | None = None) -> S:
         return cls(_env_file=env_file)
     except ValidationError as exc:
         prefix = str(cls.model_config.get("env_prefix", ""))
-        lines = [
-            f"  {prefix}{str(e['loc'][0]).upper()}: {e['msg']} (got {e.get('input')!r})"
-            for e in exc.errors(include_url=False)
-        ]
+        lines = []
+        for e in exc.errors(include_url=False):
+            if not e["loc"]:  # a check across fields: the message names them (and never their input)
+                lines.append(f"  {e['msg'].removeprefix('Value error, ')}")
+                continue
+            name = f"{prefix}{str(e['loc'][0]).upper()}"
+            shown = "(secret)" if "password" in name.lower() or "token" in name.lower() else e.get("input")
+            lines.append(f"  {name}: {e['msg']} (got {shown!r})")
         raise SettingsError("invalid settings:\n" + "\n".join(lines)) from None
 
 

@@ -7,6 +7,7 @@ same row always gives the same bytes.
 from __future__ import annotations
 
 import base64
+import hashlib
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -43,6 +44,19 @@ def decode(data: bytes) -> ChangeEvent | DdlEvent:
         raise DecodeError("; ".join(parts) + more) from None
 
 
+DEAD_LETTER_ORIGINAL_BYTES = 256 * 1024
+"""Default bound of the original bytes a dead letter carries (base64 makes it 4/3 larger)."""
+DEAD_LETTER_REASON_CHARS = 2000
+DEAD_LETTER_KEY_BYTES = 1024
+DEAD_LETTER_OVERHEAD_BYTES = 8 * 1024
+"""Room a dead letter needs besides its original: reason, key, offsets, field names."""
+
+
+def dead_letter_size_bound(max_original_bytes: int) -> int:
+    """The largest encoded dead letter :func:`dead_letter` can make with this bound on the original."""
+    return 4 * ((max_original_bytes + 2) // 3) + DEAD_LETTER_OVERHEAD_BYTES
+
+
 def dead_letter(
     reason: str,
     original: bytes,
@@ -52,15 +66,28 @@ def dead_letter(
     partition: int | None = None,
     offset: int | None = None,
     key: bytes | None = None,
+    max_original_bytes: int = DEAD_LETTER_ORIGINAL_BYTES,
 ) -> DeadLetter:
+    """A dead letter whose encoded size is bounded by :func:`dead_letter_size_bound` whatever the input:
+    the original is cut to ``max_original_bytes`` (its size and SHA-256 kept), the reason and the key to
+    a few KiB."""
+    if len(reason) > DEAD_LETTER_REASON_CHARS:
+        reason = (
+            reason[: DEAD_LETTER_REASON_CHARS - 20]
+            + f"... (+{len(reason) - DEAD_LETTER_REASON_CHARS + 20} chars)"
+        )
+    kept = original[:max_original_bytes]
     return DeadLetter(
         reason=reason,
-        stage=stage,
-        topic=topic,
+        stage=stage[:100],
+        topic=topic[:300] if topic is not None else None,
         partition=partition,
         offset=offset,
-        key_b64=base64.b64encode(key).decode() if key is not None else None,
-        original_b64=base64.b64encode(original).decode(),
+        key_b64=base64.b64encode(key[:DEAD_LETTER_KEY_BYTES]).decode() if key is not None else None,
+        original_b64=base64.b64encode(kept).decode(),
+        original_size=len(original),
+        original_sha256=hashlib.sha256(original).hexdigest(),
+        truncated=len(kept) < len(original),
         ts_ms=int(time.time() * 1000),
     )
 

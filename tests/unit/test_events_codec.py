@@ -52,7 +52,12 @@ def change_dict(op: str = "c", **overrides: Any) -> dict[str, Any]:
 
 
 def raw(data: dict[str, Any]) -> bytes:
-    return orjson.dumps(data)
+    try:
+        return orjson.dumps(data)
+    except TypeError:  # integers beyond 64 bits: the standard library writes them
+        import json
+
+        return json.dumps(data).encode()
 
 
 def decode_error(data: dict[str, Any] | bytes) -> str:
@@ -365,3 +370,56 @@ def test_dead_letter_without_key() -> None:
     assert letter.key_b64 is None
     assert letter.original_b64 == ""
     assert letter.kind == "dead-letter"
+
+
+def test_dead_letter_of_a_huge_message_is_bounded_and_describes_the_whole() -> None:
+    import hashlib
+
+    from schemas.codec import dead_letter_size_bound
+
+    original = b"\xff" * (5 * 1024 * 1024)
+    letter = dead_letter("x" * 100_000, original, stage="decode", key=b"k" * 10_000, max_original_bytes=1000)
+    wire = encode(letter)
+    assert len(wire) <= dead_letter_size_bound(1000)
+    assert letter.truncated
+    assert letter.original_size == len(original)
+    assert letter.original_sha256 == hashlib.sha256(original).hexdigest()
+    assert base64.b64decode(letter.original_b64) == original[:1000]
+    assert len(letter.reason) <= 2000
+
+
+def test_small_dead_letter_is_whole() -> None:
+    letter = dead_letter("bad", b"abc", stage="bind")
+    assert not letter.truncated
+    assert letter.original_size == 3
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("ts_ms", 10**400),
+        ("ts_ms", 253_402_300_800_000),
+        ("version", 2**64),
+        ("commit_ts_us", 10**30),
+        ("ts_ms", -1),
+    ],
+)
+def test_out_of_range_numbers_are_decode_errors_that_name_the_field(field: str, value: int) -> None:
+    reason = decode_error(change_dict(**{field: value}))
+    assert field in reason
+
+
+def test_out_of_range_source_numbers_are_decode_errors() -> None:
+    reason = decode_error(change_dict(source={**SOURCE, "pos": 2**64}))
+    assert "source.pos" in reason
+
+
+def test_oversize_change_has_no_images_and_is_on_the_wire_only_when_set() -> None:
+    plain = decode(raw(change_dict("u")))
+    assert b"oversize" not in encode(plain)
+    event = decode(raw(change_dict("u", before=None, after=None, oversize=True)))
+    assert isinstance(event, ChangeEvent)
+    assert event.oversize
+    assert event.before is None and event.after is None
+    assert b'"oversize":true' in encode(event)
+    assert "no images" in decode_error(change_dict("u", oversize=True))
