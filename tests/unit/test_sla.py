@@ -17,6 +17,7 @@ from pipeline.sla import (
     BUCKETS,
     GROWTH,
     MIN_BUCKET_MS,
+    ConsumerProgress,
     SlaEvaluator,
     SlaSettings,
     SlaState,
@@ -300,3 +301,193 @@ def test_sla_command_without_a_worker_exits_2() -> None:
     app.command()(sla)
     result = CliRunner().invoke(app, ["--url", f"http://127.0.0.1:{free_port()}/freshkey/sla"])
     assert result.exit_code == 2 and "no SLA state" in result.output
+
+
+# --- backlog_age: the age of the oldest change waiting on the change topic (ConsumerProgress) ------------
+
+
+def new_progress(clock: Clock, partitions: int) -> ConsumerProgress:
+    return ConsumerProgress(
+        "changes", partitions=partitions, window_ms=1500.0, refresh_interval_s=2.0, clock=clock
+    )
+
+
+def stalled_worker(clock: Clock, *, with_progress: bool) -> tuple[SlaEvaluator, ConsumerProgress]:
+    """A caught-up worker with no heartbeat binding and no precise lag samples, then one change arrives
+    and is never acknowledged (its agent is wedged, or the tier refuses writes)."""
+    settings = SlaSettings(evaluation_window_s=10.0, window_ms=1500.0)
+    progress = new_progress(clock, 2)
+    ev = SlaEvaluator(settings, worker="w1", progress=progress if with_progress else None, clock=clock)
+    progress.set_assignment({0, 1})
+    progress.set_high_watermarks({0: 40, 1: 12})
+    progress.set_committed({0: 40, 1: 12})
+    return ev, progress
+
+
+def test_a_stalled_worker_is_violated_within_the_window_without_heartbeats_or_samples() -> None:
+    clock = Clock()
+    ev, progress = stalled_worker(clock, with_progress=True)
+    state, _ = ev.evaluate()
+    backlog = {t.name: t for t in state.targets}["backlog_age"]
+    assert state.status == "ok" and backlog.status == "ok" and backlog.measured == 0.0
+    assert state.samples == 0 and state.unknown_partitions == 0 and state.backlog_age_ms == 0.0
+    progress.on_received("changes", 1, 12, clock() * 1000)  # the agent got it; Redis never answers
+    clock.advance(1.5)
+    assert ev.evaluate()[0].status == "ok", "exactly the window: still within it"
+    clock.advance(0.05)
+    state, events = ev.evaluate()
+    backlog = {t.name: t for t in state.targets}["backlog_age"]
+    assert state.status == "violated" and backlog.status == "violated"
+    assert backlog.measured == pytest.approx(1550.0) and state.backlog_age_ms == pytest.approx(1550.0)
+    assert "changes/1: 1 change(s) waiting, the oldest 1.6 s" in backlog.detail
+    assert "acknowledges nothing while changes wait" in backlog.detail
+    assert [(e.kind, e.violated) for e in events] == [("violation", ("backlog_age",))]
+    assert {t.name: t.status for t in state.targets}["p99_lag"] == "no_data", "no sample told it"
+    clock.advance(30)
+    assert ev.evaluate()[0].status == "violated", "a stall stays violated while it lasts"
+    progress.on_offset("changes", 1, 12)
+    state, events = ev.evaluate()
+    assert state.status == "ok" and [e.kind for e in events] == ["recovery"]
+    assert events[0].violated == ("backlog_age",)
+
+
+def test_the_same_stall_without_consumer_progress_reads_no_data() -> None:
+    """What the target protects against: the old evaluator (no progress) calls a stall "no data"."""
+    clock = Clock()
+    ev, progress = stalled_worker(clock, with_progress=False)
+    progress.on_received("changes", 1, 12, clock() * 1000)
+    clock.advance(30)
+    state, events = ev.evaluate()
+    assert state.status == "no_data" and events == []
+    backlog = {t.name: t for t in state.targets}["backlog_age"]
+    assert backlog.status == "no_data"
+    assert backlog.detail == "consumer progress is not reported by this worker"
+    assert state.unknown_partitions is None and state.backlog_age_ms is None
+
+
+def test_no_partition_assigned_past_the_grace_while_changes_wait_is_violated() -> None:
+    clock = Clock()
+    settings = SlaSettings(window_ms=1500.0)
+    progress = new_progress(clock, 2)
+    ev = SlaEvaluator(settings, progress=progress, clock=clock)
+    progress.set_high_watermarks({0: 62_000, 1: 3})
+    progress.set_committed({0: 0, 1: 3})
+    clock.advance(2.0)
+    progress.set_high_watermarks({0: 62_000, 1: 3})
+    progress.set_committed({0: 0, 1: 3})
+    state, _ = ev.evaluate()
+    backlog = {t.name: t for t in state.targets}["backlog_age"]
+    assert backlog.status == "no_data" and "waiting for a partition" in backlog.detail
+    assert state.status == "no_data" and state.unknown_partitions == 2
+    clock.advance(1.6)  # 3.6 s without a partition: past the window plus one refresh interval
+    state, events = ev.evaluate()
+    backlog = {t.name: t for t in state.targets}["backlog_age"]
+    assert state.status == "violated" and backlog.status == "violated"
+    assert "no partition of changes assigned to this worker for 3.6 s" in backlog.detail
+    assert "changes/0" in backlog.detail and "changes/1" not in backlog.detail
+    assert [e.kind for e in events] == ["violation"]
+    progress.set_assignment({0, 1})
+    progress.on_received("changes", 0, 0, clock() * 1000 - 3600)
+    state, _ = ev.evaluate()
+    assert state.status == "violated", "the backlog is now this worker's: 62,000 changes, 3.6 s old"
+    for offset in range(0, 62_000, 500):
+        progress.on_offset("changes", 0, offset + 499)
+    state, events = ev.evaluate()
+    assert state.status == "ok" and [e.kind for e in events] == ["recovery"]
+
+
+@pytest.mark.parametrize(
+    ("highs", "committed", "status"),
+    [
+        ({0: 9, 1: 0}, {0: 9, 1: None}, "ok"),  # caught up: nothing waits, nobody needs this worker
+        ({0: 9}, {0: 9}, "violated"),  # partition 1's high watermark unknown: cannot tell
+        ({0: 9, 1: 4}, {0: 9, 1: None}, "violated"),  # never committed on 1, messages there
+    ],
+)
+def test_no_partition_assigned_on_a_topic_where_nothing_waits_is_ok(
+    highs: dict[int, int], committed: dict[int, int | None], status: str
+) -> None:
+    clock = Clock()
+    progress = new_progress(clock, 2)
+    ev = SlaEvaluator(SlaSettings(window_ms=1500.0), progress=progress, clock=clock)
+    progress.set_high_watermarks(highs)
+    progress.set_committed(committed)
+    clock.advance(3.6)
+    state, _ = ev.evaluate()
+    assert {t.name: t.status for t in state.targets}["backlog_age"] == status
+
+
+def test_an_assigned_partition_without_figures_counts_after_the_grace() -> None:
+    clock = Clock()
+    progress = new_progress(clock, 1)
+    ev = SlaEvaluator(SlaSettings(window_ms=1500.0), progress=progress, clock=clock)
+    progress.set_assignment({0})
+    clock.advance(3.4)
+    state, _ = ev.evaluate()
+    backlog = {t.name: t for t in state.targets}["backlog_age"]
+    assert backlog.status == "no_data" and "no figure yet for changes/0" in backlog.detail
+    clock.advance(0.2)
+    state, _ = ev.evaluate()
+    backlog = {t.name: t for t in state.targets}["backlog_age"]
+    assert backlog.status == "violated" and backlog.measured == pytest.approx(3600.0)
+    assert "changes/0 unknown for 3.6 s (assigned, no high watermark yet)" in backlog.detail
+    progress.set_high_watermarks({0: 0})
+    assert ev.evaluate()[0].status == "ok", "an empty partition: known, nothing waits"
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("receive"), st.integers(0, 1), st.integers(0, 30)),
+            st.tuples(st.just("ack"), st.integers(0, 1), st.integers(0, 30)),
+            st.tuples(st.just("high"), st.integers(0, 1), st.integers(0, 30)),
+            st.tuples(st.just("committed"), st.integers(0, 1), st.integers(-1, 30)),
+            st.tuples(st.just("assign"), st.integers(0, 3), st.integers(0, 0)),
+            st.tuples(st.just("wait"), st.integers(0, 0), st.integers(0, 3000)),
+        ),
+        max_size=40,
+    )
+)
+def test_never_ok_or_no_data_while_a_partition_is_known_to_be_behind_past_the_window(
+    steps: list[tuple[str, int, int]],
+) -> None:
+    clock = Clock()
+    progress = new_progress(clock, 2)
+    ev = SlaEvaluator(SlaSettings(window_ms=1500.0), progress=progress, clock=clock)
+    for action, partition, value in steps:
+        if action == "receive":
+            progress.on_received("changes", partition, value, clock() * 1000)
+        elif action == "ack":
+            progress.on_offset("changes", partition, value)
+        elif action == "high":
+            progress.set_high_watermarks({partition: value})
+        elif action == "committed":
+            progress.set_committed({partition: value})
+        elif action == "assign":
+            progress.set_assignment({0: (), 1: {0}, 2: {1}, 3: {0, 1}}[partition])
+        else:
+            clock.advance(value / 1000)
+        state, _ = ev.evaluate()
+        behind = [r for r in progress.snapshot().partitions if r.assigned and (r.age_ms or 0) > 1500]
+        if behind:
+            assert state.status == "violated", (behind, state.targets)
+
+
+def test_progress_and_sla_windows_must_agree() -> None:
+    progress = ConsumerProgress("changes", window_ms=1000.0)
+    with pytest.raises(ValueError, match="FRESHKEY_SLA_WINDOW_MS"):
+        SlaEvaluator(SlaSettings(window_ms=1500.0), progress=progress)
+
+
+def test_a_state_with_the_new_fields_and_one_without_them_both_parse() -> None:
+    clock = Clock()
+    ev, _ = stalled_worker(clock, with_progress=True)
+    state, _ = ev.evaluate()
+    data = orjson.loads(orjson.dumps(state.model_dump(mode="json")))
+    assert data["targets"][-1]["name"] == "backlog_age" and data["unknown_partitions"] == 0
+    assert SlaState.model_validate(data) == state
+    old = {k: v for k, v in data.items() if k not in ("backlog_age_ms", "unknown_partitions")}
+    old["targets"] = [t for t in old["targets"] if t["name"] != "backlog_age"]
+    parsed = SlaState.model_validate(old)  # what a worker from before this target answers
+    assert parsed.backlog_age_ms is None and parsed.unknown_partitions is None
