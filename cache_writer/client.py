@@ -62,6 +62,8 @@ class Lease:
     """The version the key held when the lease was issued (a tombstone's), None when absent."""
     signature: str = ""
     """The namespace's active signature when the lease was issued: the fill is made under it."""
+    outer_fenced: bool = False
+    """An outer tier (L3) is fenced by the pipeline: it may hold stale entries, do not read it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +99,8 @@ def _decode_get(key: str, reply: Sequence[Any]) -> Hit | Miss:
         return Hit(bytes(reply[2]), int(reply[1]), "l2", signature)
     held = int(reply[2]) if reply[2] not in (b"", "") else None
     if status == 0:
-        return Miss(key, Lease(key, _text(reply[1]), held, signature))
+        fenced = len(reply) > 4 and _text(reply[4]) != ""
+        return Miss(key, Lease(key, _text(reply[1]), held, signature, outer_fenced=fenced))
     return Miss(key, None)
 
 
@@ -234,7 +237,7 @@ class CacheClient(_Base):
             if self.l1 is not None:
                 self.l1.put(key, result.version, result.value, result.signature)
             return result
-        if self.l3 is not None and result.lease is not None:
+        if self.l3 is not None and result.lease is not None and not result.lease.outer_fenced:
             fields = await self.l3.hgetall(key)
             outer = _l3_entry(fields, result.lease.signature)  # type: ignore[arg-type]
             if outer is not None and await self.fill(result.lease, outer[1], outer[0]) is FillResult.FILLED:
@@ -335,7 +338,7 @@ class SyncCacheClient(_Base):
             if self.l1 is not None:
                 self.l1.put(key, result.version, result.value, result.signature)
             return result
-        if self.l3 is not None and result.lease is not None:
+        if self.l3 is not None and result.lease is not None and not result.lease.outer_fenced:
             outer = _l3_entry(self.l3.hgetall(key), result.lease.signature)  # type: ignore[arg-type]
             if outer is not None and self.fill(result.lease, outer[1], outer[0]) is FillResult.FILLED:
                 return Hit(outer[1], outer[0], "l3", result.lease.signature)

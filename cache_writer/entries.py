@@ -64,7 +64,7 @@ async def read_namespace(
                 entries[entry.key] = entry
         keys.clear()
 
-    async for key in _scan(client, namespace_pattern(prefix, namespace), batch):
+    async for key in scan_keys(client, namespace_pattern(prefix, namespace), batch):
         keys.append(key)
         if len(keys) >= batch:
             await flush()
@@ -73,7 +73,8 @@ async def read_namespace(
     return entries
 
 
-async def _scan(client: RedisClient, pattern: str, count: int) -> AsyncIterator[bytes]:
+async def scan_keys(client: RedisClient, pattern: str, count: int) -> AsyncIterator[bytes]:
+    """Every key matching ``pattern`` (SCAN MATCH), on every primary of a cluster, each key once."""
     if not isinstance(client, aioredis.RedisCluster):
         async for key in client.scan_iter(match=pattern, count=count):
             yield key

@@ -18,6 +18,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError, RedisError
 
+from cache_writer.entries import scan_keys
 from cache_writer.exceptions import TierUnavailableError
 from cache_writer.keys import signature_key_of
 from cache_writer.redis_cluster import RedirectStats, RedisClient, run_pipeline
@@ -149,11 +150,42 @@ class RedisTier:
         except RedisError as exc:
             raise TierUnavailableError(self.name, exc) from exc
         for reply in replies:
-            if isinstance(reply, NoScriptError):
-                raise TierUnavailableError(self.name, NoScriptError("scripts missing after reload"))
-            if isinstance(reply, Exception):
+            if isinstance(reply, Exception) and is_transient(reply):
                 raise TierUnavailableError(self.name, reply)
         return [_result(action, reply) for action, reply in zip(actions, replies, strict=True)]
+
+    async def ping(self) -> None:
+        """Raise TierUnavailableError unless the tier answers now."""
+        try:
+            await self._client.ping()
+        except RedisError as exc:
+            raise TierUnavailableError(self.name, exc) from exc
+
+    async def flush(self, prefix: str, *, flushdb: bool = False, batch: int = 1000) -> int:
+        """Remove every entry and tombstone freshkey wrote under ``prefix`` (the namespaces' ``$signature``
+        hashes stay); returns how many keys went. ``flushdb``: FLUSHDB instead, when the tier's database
+        is freshkey's alone (one command, atomic). For a fenced tier, before it is trusted again."""
+        try:
+            if flushdb:
+                await self._client.flushdb()
+                return -1
+            removed = 0
+            keys: list[bytes] = []
+            async for key in scan_keys(self._client, f"{prefix}:{{*}}:*", batch):
+                if not key.endswith(b"$signature"):
+                    keys.append(key)
+                if len(keys) >= batch:
+                    removed += await self._unlink(keys)
+            if keys:
+                removed += await self._unlink(keys)
+            return removed
+        except RedisError as exc:
+            raise TierUnavailableError(self.name, exc) from exc
+
+    async def _unlink(self, keys: list[bytes]) -> int:
+        replies = await run_pipeline(self._client, [("UNLINK", key) for key in keys])
+        keys.clear()
+        return sum(int(r) for r in replies if not isinstance(r, Exception))
 
     async def close(self) -> None:
         await self._client.aclose()
@@ -169,7 +201,37 @@ class _Recorder:
         self.commands.append(args)
 
 
-def _result(action: CacheAction, reply: list[Any]) -> ActionResult:
+TRANSIENT_ERROR_PREFIXES = (
+    "OOM",
+    "LOADING",
+    "BUSY",
+    "MASTERDOWN",
+    "CLUSTERDOWN",
+    "TRYAGAIN",
+    "READONLY",
+    "NOREPLICAS",
+    "MISCONF",
+    "NOAUTH",
+    "WRONGPASS",
+    "NOPERM",
+    "MOVED",
+    "ASK",
+)
+"""Error replies that say the server cannot take writes now (memory, loading, fail-over, redirects not
+settled, credentials): the whole batch is retried. Any other error reply concerns one action."""
+
+
+def is_transient(reply: Exception) -> bool:
+    """An error reply of one command that a retry of the batch may cure (see TRANSIENT_ERROR_PREFIXES)."""
+    if isinstance(reply, NoScriptError) or not isinstance(reply, RedisError):
+        return True  # scripts still missing after a reload, or not an error reply at all
+    text = str(reply).lstrip()
+    return text.startswith(TRANSIENT_ERROR_PREFIXES) or "Redis is loading" in text
+
+
+def _result(action: CacheAction, reply: Any) -> ActionResult:
+    if isinstance(reply, Exception):
+        return ActionResult(action, Outcome.FAILED, None, error=f"{type(reply).__name__}: {reply}"[:500])
     applied, previous = reply
     previous_version = int(previous) if previous not in (b"", "") else None
     return ActionResult(action, Outcome.APPLIED if applied == 1 else Outcome.STALE, previous_version)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -39,3 +41,8 @@ class L3Settings(BaseSettings):
     url: str | None = Field(None, description="Unset: no L3.")
     password: SecretStr | None = None
     entry_ttl_s: int | None = Field(7 * 86_400, ge=1, description="TTL of live L3 entries.")
+    flush: Literal["scan", "flushdb"] = Field(
+        "scan",
+        description="How a fenced L3 is emptied before it is trusted again: scan (UNLINK every key under "
+        "the prefix) or flushdb (FLUSHDB: only when its database holds nothing but freshkey's entries).",
+    )

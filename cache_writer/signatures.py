@@ -31,8 +31,16 @@ from cache_writer.exceptions import TierUnavailableError
 from cache_writer.keys import namespace_prefix, signature_key
 from cache_writer.redis_cluster import RedisClient, run_pipeline
 from cache_writer.redis_tier import _script
+from schemas.model_updates import (
+    decode_model_update,
+    moved_signature,
+    next_epoch_order,
+    signature_order,
+)
+from schemas.signature import table_signature
 
 SIGNATURE_SCRIPT, SIGNATURE_SHA = _script("set_signature.lua")
+CLEAR_PENDING_SCRIPT, CLEAR_PENDING_SHA = _script("clear_pending.lua")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,9 +50,25 @@ class SignatureRecord:
     signature: str
     order: str
     update: bytes
-    """The model update (JSON) whose model, tokenizer, schema and weights the signature covers."""
+    """The model update (JSON) whose model, tokenizer, schema and weights the signature covers; empty
+    for a namespace without a model (its signature covers the value columns only)."""
     value_columns: tuple[str, ...]
     at_ms: int = 0
+
+    @classmethod
+    def at(cls, update: bytes, value_columns: Iterable[str], order: str) -> SignatureRecord:
+        """The record of entries built under ``update`` (b"": no model) over ``value_columns`` at
+        ``order``: the signature is the base signature moved by the order (``moved_signature``)."""
+        columns = tuple(sorted(set(value_columns)))
+        return cls(moved_signature(base_signature(update, columns), order), order, update, columns)
+
+
+def base_signature(update: bytes, value_columns: Iterable[str]) -> str:
+    """The signature of entries built under a model update (JSON; b"" for none) over these columns,
+    before any schema change or fence moved it."""
+    if update:
+        return decode_model_update(update).signature(tuple(value_columns))
+    return table_signature(value_columns)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,11 +146,6 @@ async def read_active_signatures(client: RedisClient, prefix: str, namespaces: S
     return out
 
 
-def read_signatures_sync(client: redis.Redis, prefix: str, namespace: str) -> NamespaceSignatures:
-    """:func:`read_signatures` for one namespace with a blocking client."""
-    return parse_signatures(namespace, _fields(client.hgetall(signature_key(prefix, namespace))))
-
-
 def _fields(reply: Any) -> dict[bytes, bytes]:
     if isinstance(reply, dict):
         return {
@@ -178,3 +197,72 @@ async def set_signature(
     if int(reply[0]) == 1:
         return SetResult(True, _text(reply[1]))
     return SetResult(False, _text(reply[2]), _text(reply[1]))
+
+
+async def fence_namespace(
+    client: RedisClient,
+    prefix: str,
+    namespace: str,
+    *,
+    value_columns: Iterable[str] | None,
+    channel: str | None = None,
+    attempts: int = 8,
+) -> SetResult:
+    """Move the namespace's active signature to its next epoch: from this write on, no entry built
+    before it is served by any tier (an O(1) invalidation of the whole namespace, as a cutover is).
+
+    The model and the value columns stay those of the active record; a namespace without any record
+    gets its first one, over ``value_columns`` (which must then be given: the projection of its
+    binding). A concurrent move (another fence, a DDL, a cutover) is met by reading again: the fence
+    lands on top of whatever is active. Raises :class:`TierUnavailableError` when Redis does not answer.
+    """
+    for _ in range(attempts):
+        state = (await read_signatures(client, prefix, [namespace]))[namespace]
+        active = state.active
+        if active is not None:
+            record = SignatureRecord.at(active.update, active.value_columns, next_epoch_order(active.order))
+        elif value_columns is None:
+            raise ValueError(f"namespace {namespace} has no signature yet: its value columns are needed")
+        else:
+            record = SignatureRecord.at(b"", value_columns, next_epoch_order(signature_order(None)))
+        result = await set_signature(client, prefix, namespace, record, channel=channel)
+        if result.applied:
+            return result
+    raise TierUnavailableError("redis", RuntimeError(f"signature of {namespace} kept moving during a fence"))
+
+
+OUTER_FENCED_FIELD = "fo"
+"""Field of a namespace's ``$signature`` hash set (to the ms the fence began) while an outer tier is
+fenced: readers must not copy entries inward from an outer tier then (README, "Redis layout")."""
+
+
+async def mark_outer_fenced(
+    client: RedisClient, prefix: str, namespaces: Iterable[str], since_ms: int | None
+) -> None:
+    """Set (``since_ms``) or clear (None) the outer-tier fence mark of each namespace, in one pipeline."""
+    names = list(dict.fromkeys(namespaces))
+    commands: list[tuple[Any, ...]]
+    if since_ms is None:
+        commands = [("HDEL", signature_key(prefix, ns), OUTER_FENCED_FIELD) for ns in names]
+    else:
+        commands = [("HSET", signature_key(prefix, ns), OUTER_FENCED_FIELD, since_ms) for ns in names]
+    try:
+        replies = await run_pipeline(client, commands)
+    except redis.RedisError as exc:
+        raise TierUnavailableError("redis", exc) from exc
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise TierUnavailableError("redis", reply)
+
+
+async def clear_pending(client: RedisClient, prefix: str, namespace: str, signature: str) -> bool:
+    """Drop the namespace's pending signature when it is ``signature`` (a cutover that failed rolls its
+    pending signature back); returns whether it was dropped."""
+    command = ("EVALSHA", CLEAR_PENDING_SHA, 1, signature_key(prefix, namespace), signature)
+    try:
+        (reply,) = await run_pipeline(client, [command], scripts=(CLEAR_PENDING_SCRIPT,))
+    except redis.RedisError as exc:
+        raise TierUnavailableError("redis", exc) from exc
+    if isinstance(reply, Exception):
+        raise TierUnavailableError("redis", reply)
+    return int(reply) == 1

@@ -8,7 +8,7 @@ active nor the pending signature before deleting it; tombstones are never delete
 
 from __future__ import annotations
 
-from cache_writer.entries import _scan
+from cache_writer.entries import scan_keys
 from cache_writer.keys import SIGNATURE_SUFFIX, namespace_pattern, signature_key
 from cache_writer.redis_cluster import RedisClient, run_pipeline
 from cache_writer.redis_tier import _script
@@ -33,7 +33,7 @@ async def sweep_namespace(
                 raise reply
         return sum(int(r) for r in replies)
 
-    async for key in _scan(client, namespace_pattern(prefix, namespace), batch):
+    async for key in scan_keys(client, namespace_pattern(prefix, namespace), batch):
         scanned += 1
         if key.decode(errors="replace").endswith(SIGNATURE_SUFFIX):
             continue

@@ -13,6 +13,9 @@ class Outcome(StrEnum):
     """The write landed, or the tombstone was laid."""
     STALE = "stale"
     """Rejected: the tier already holds this version or a newer one (entry or tombstone)."""
+    FAILED = "failed"
+    """The tier refused this one action for a reason a retry cannot cure (e.g. the key holds another
+    type); ``ActionResult.error`` says why. The rest of the batch was applied."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,13 +46,16 @@ class ActionResult:
     outcome: Outcome
     previous_version: int | None
     """The version the tier held before (None when the key was absent)."""
+    error: str | None = None
+    """Why a FAILED action failed."""
 
 
 class CacheTier(Protocol):
     name: str
 
     async def apply(self, actions: Sequence[CacheAction]) -> list[ActionResult]:
-        """Apply every action atomically per entry, in order; raise TierUnavailableError on failure."""
+        """Apply every action atomically per entry, in order. Raise TierUnavailableError when the tier
+        cannot take the batch now (a retry may succeed); an action refused for good is a FAILED result."""
         ...
 
     async def close(self) -> None: ...

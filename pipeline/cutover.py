@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -37,16 +38,17 @@ from typing import Any
 from urllib.parse import unquote
 
 from cache_writer import CacheAction, RedisTier
+from cache_writer.exceptions import TierUnavailableError
 from cache_writer.keys import namespace_prefix
 from cache_writer.redis_cluster import run_pipeline
 from cache_writer.semantic import KeyHashWeights, load_update_weights
 from cache_writer.semantic.exceptions import EmbeddingError
-from cache_writer.signatures import SignatureRecord, read_signatures, set_signature
+from cache_writer.signatures import SignatureRecord, clear_pending, read_signatures, set_signature
 from pipeline.apply import BindError, row_commit_time_us, row_value, row_version
 from pipeline.loaders import LoaderError, Loaders
 from pipeline.models import KeyRequest, ModelRegistry, ModelState, semantic_keys
 from pipeline.settings import ModelSettings
-from schemas import Binding, Bindings, DdlEvent, binlog_version, row_key
+from schemas import Binding, Bindings, DdlEvent, VersionError, binlog_version, row_key
 from schemas.codec import DecodeError
 from schemas.model_updates import (
     ModelUpdate,
@@ -218,8 +220,12 @@ class Cutovers:
                 raise CutoverRejected(
                     f"not-newer: {label} is not newer than the active signature of {namespace}"
                 )
-            report = await self._prewarm_or_note(binding, state, hot_keys)
-            previous, switch_ms = await self._activate(binding, record, label)
+            try:
+                report = await self._prewarm_or_note(binding, state, hot_keys)
+                previous, switch_ms = await self._activate(binding, record, label)
+            except BaseException:
+                await self._roll_back(namespace, record)
+                raise
         else:
             previous, switch_ms = await self._activate(binding, record, label)
             report = await self._prewarm_or_note(binding, state, hot_keys)
@@ -229,6 +235,23 @@ class Cutovers:
             report.written, report.hot,
         )  # fmt: skip
         return CutoverReport(namespace, record.signature, previous, mode, report, switch_ms)
+
+    async def _roll_back(self, namespace: str, record: SignatureRecord) -> None:
+        """A cutover that failed after writing its pending signature drops it again, so workers stop
+        building entries under it (a retry of the cutover writes it anew)."""
+        try:
+            dropped = await asyncio.shield(
+                clear_pending(self.l2.client, self.prefix, namespace, record.signature)
+            )
+        except (TierUnavailableError, asyncio.CancelledError) as exc:
+            log.warning(
+                "cutover of %s failed; its pending signature could not be dropped now (%r)", namespace, exc
+            )
+            return
+        if dropped:
+            log.warning(
+                "cutover of %s failed: pending signature %s rolled back", namespace, record.signature[:12]
+            )
 
     async def _activate(self, binding: Binding, record: SignatureRecord, label: str) -> tuple[str, float]:
         """Switch every tier, outermost first; L2 (read by the clients) decides. Returns (previous
@@ -362,29 +385,32 @@ class Cutovers:
     # -- DDL --------------------------------------------------------------------------------------------
 
     async def on_ddl(self, event: DdlEvent) -> list[str]:
-        """Re-resolve the namespaces of the DDL's database; returns those whose signature moved."""
+        """Move the signature of every namespace the DDL may concern (:func:`ddl_concerns`); returns the
+        namespaces whose signature moved.
+
+        Every namespace has a signature, model or not: the new one covers the table's columns now and
+        is ordered by the DDL's binlog version, so a replay of the DDL moves nothing and entries built
+        under the old column set (or the old column types) are never served again. An O(1) switch: the
+        entries go by TTL or sweep. Outages (Redis, the database) are raised, so the caller retries.
+        """
+        concerned = [b for b in self.bindings.values() if ddl_concerns(event, b)]
+        if not concerned:
+            return []
+        states = await read_signatures(self.l2.client, self.prefix, [b.namespace for b in concerned])
+        try:
+            sequence = binlog_version(event.source.file, event.source.pos, 0)
+        except VersionError:  # a file name without a number: order by the time the DDL was read
+            sequence = event.ts_ms * 1000
         moved: list[str] = []
-        candidates = [
-            b for b in self.bindings.values() if b.database == event.source.db and b.value_columns is None
-        ]
-        if not candidates:
-            return moved
-        states = await read_signatures(self.l2.client, self.prefix, [b.namespace for b in candidates])
-        sequence = binlog_version(event.source.file, event.source.pos, 0)
-        for binding in candidates:
+        for binding in concerned:
             active = states[binding.namespace].active
-            if active is None or not active.update:
-                continue  # no model: the namespace works as it always did
+            update = active.update if active is not None else b""
+            version = decode_model_update(update).semver if update else None
+            order = signature_order(version, sequence)
+            if active is not None and order <= active.order:
+                continue  # a replay of this DDL, or an older one
             columns = await self._projection(binding)
-            if columns == tuple(sorted(active.value_columns)):
-                continue
-            update = decode_model_update(active.update)
-            record = SignatureRecord(
-                signature=update.signature(columns),
-                order=signature_order(update.semver, sequence),
-                update=active.update,
-                value_columns=columns,
-            )
+            record = SignatureRecord.at(update, columns, order)
             for tier in reversed(self.tiers[1:]):
                 await set_signature(tier.client, self.prefix, binding.namespace, record, channel=tier.channel)
             result = await set_signature(
@@ -393,8 +419,30 @@ class Cutovers:
             if result.applied:
                 moved.append(binding.namespace)
                 log.info(
-                    "DDL on %s: value columns now %s; signature of %s %s -> %s",
-                    binding.table, json.dumps(list(columns)), binding.namespace,
-                    active.signature[:12], record.signature[:12],
+                    "DDL on %s (%s): value columns %s; signature of %s %s -> %s",
+                    binding.table, event.query[:120], json.dumps(list(record.value_columns)),
+                    binding.namespace, (active.signature[:12] if active else "-"), record.signature[:12],
                 )  # fmt: skip
         return moved
+
+
+_IDENTIFIER = r"[`\"]?{name}[`\"]?"
+
+
+def ddl_concerns(event: DdlEvent, binding: Binding) -> bool:
+    """Whether a DDL statement may change the rows or columns of the binding's table: its query names
+    the table (as a word, quoted or not, case-insensitive) and either runs in the table's database or
+    names that database too. Errs towards yes: a needless move costs a cold namespace, a missed one
+    stale entries."""
+    query = event.query
+    table = re.compile(
+        r"(?<![\w$])" + _IDENTIFIER.format(name=re.escape(binding.table_name)) + r"(?![\w$])", re.I
+    )
+    if not table.search(query):
+        return False
+    if event.source.db.lower() == binding.database.lower():
+        return True
+    database = re.compile(
+        r"(?<![\w$])" + _IDENTIFIER.format(name=re.escape(binding.database)) + r"\s*\.", re.I
+    )
+    return database.search(query) is not None

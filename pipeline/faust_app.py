@@ -8,6 +8,10 @@ fetch as soon as ``fetch_min_bytes`` arrive, so a short wait costs only idle fet
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
+import threading
 from typing import Any
 
 import faust
@@ -39,3 +43,34 @@ class FreshkeyApp(faust.App):
 
     def _new_transport(self) -> Any:
         return _Transport(self.conf.broker_consumer, self)
+
+
+class FreshkeyWorker(faust.Worker):
+    """faust.Worker that always ends within ``shutdown_grace_s`` of SIGTERM/SIGINT.
+
+    A graceful stop waits for agents and the consumer group to leave; when something hangs (a broker
+    that does not answer, a tier being retried), the process exits anyway after the grace period. Nothing
+    is lost: offsets move only past applied changes, so whatever was in flight is replayed.
+    """
+
+    def __init__(self, *args: Any, shutdown_grace_s: float = 15.0, **kwargs: Any) -> None:
+        self.shutdown_grace_s = shutdown_grace_s
+        self._watchdog: threading.Timer | None = None
+        super().__init__(*args, **kwargs)
+
+    def _schedule_shutdown(self, signal: signal.Signals) -> None:
+        if self._watchdog is None:
+            self._watchdog = threading.Timer(self.shutdown_grace_s, self._force_exit, args=(signal,))
+            self._watchdog.daemon = True
+            self._watchdog.start()
+        super()._schedule_shutdown(signal)
+
+    def _force_exit(self, sig: signal.Signals) -> None:
+        logging.getLogger(__name__).warning(
+            "graceful stop took longer than %.1f s after %s: exiting now (unacknowledged changes are "
+            "replayed by the next worker)",
+            self.shutdown_grace_s,
+            sig.name,
+        )
+        logging.shutdown()
+        os._exit(0)

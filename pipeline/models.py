@@ -52,10 +52,11 @@ class ModelUnavailableError(RuntimeError):
 
 @dataclass
 class ModelState:
-    """One signature of a namespace, with its update and (semantic bindings) its keyer."""
+    """One signature of a namespace, with its update (None: a namespace without a model, whose
+    signature covers its value columns only) and, for semantic bindings, its keyer."""
 
     record: SignatureRecord
-    update: ModelUpdate
+    update: ModelUpdate | None
     keyer: SemanticKeyer | None = None
     _by_columns: dict[tuple[str, ...], str] = field(default_factory=dict)
 
@@ -65,7 +66,8 @@ class ModelState:
 
     def signature_for(self, binding: Binding, image: Mapping[str, Any]) -> str:
         """The signature of an entry built from ``image``: the record's when the image's value columns
-        are the ones it covers, else the signature of the same update over the image's columns.
+        are the ones it covers, else the signature of the same update at the same order over the
+        image's columns.
 
         A binding without ``value_columns`` caches every column, so a row read before an ALTER TABLE
         (fewer or other columns) gets another signature than the active one and is never served.
@@ -78,7 +80,9 @@ class ModelState:
         key = tuple(sorted(columns))
         signature = self._by_columns.get(key)
         if signature is None:
-            signature = self._by_columns[key] = self.update.signature(key)
+            signature = self._by_columns[key] = SignatureRecord.at(
+                self.record.update, key, self.record.order
+            ).signature
         return signature
 
 
@@ -91,6 +95,11 @@ class NamespaceModels:
     def states(self) -> list[ModelState]:
         """The states to build entries under: the pending one first, then the active one."""
         return [s for s in (self.pending, self.active) if s is not None]
+
+    @property
+    def keyed_states(self) -> list[ModelState]:
+        """The states with a model (the only ones a semantic key can be computed under)."""
+        return [s for s in self.states if s.update is not None]
 
 
 NO_MODEL = NamespaceModels()
@@ -150,6 +159,8 @@ class ModelRegistry:
 
     async def state(self, record: SignatureRecord, binding: Binding | None) -> ModelState:
         """The state of one signature record; its keyer is loaded when the binding is semantic."""
+        if not record.update:  # no model: the signature covers the value columns only
+            return ModelState(record, None)
         try:
             update = decode_model_update(record.update)
         except ValueError as exc:

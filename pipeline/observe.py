@@ -7,8 +7,11 @@ spent in it; the stage names are the constants below.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Protocol
+
+log = logging.getLogger(__name__)
 
 STAGE_SOURCE = "commit->connector"
 """Database commit to the connector reading it from the binlog (needs a µs commit-time column)."""
@@ -38,28 +41,54 @@ class ApplyObserver(Protocol):
 
 
 class Observers:
-    """Fans every call out to several observers."""
+    """Fans every call out to several observers.
+
+    An observer that raises is logged (once per observer and kind of error) and skipped: reporting must
+    never stop a batch that the tiers already took (a poison value in a lag figure would otherwise fail
+    the batch after its writes, again on every replay).
+    """
 
     def __init__(self, observers: Sequence[ApplyObserver] = ()) -> None:
         self.observers = list(observers)
+        self.errors = 0
+        self._logged: set[tuple[int, type]] = set()
 
     def add(self, observer: ApplyObserver) -> None:
         self.observers.append(observer)
 
+    def _failed(self, observer: ApplyObserver, exc: Exception) -> None:
+        self.errors += 1
+        key = (id(observer), type(exc))
+        if key not in self._logged:
+            self._logged.add(key)
+            log.error("observer %s failed (%r); skipped (logged once)", type(observer).__name__, exc)
+
     def on_event(self, kind: str) -> None:
         for o in self.observers:
-            o.on_event(kind)
+            try:
+                o.on_event(kind)
+            except Exception as exc:
+                self._failed(o, exc)
 
     def on_outcome(self, tier: str, namespace: str, outcome: str) -> None:
         for o in self.observers:
-            o.on_outcome(tier, namespace, outcome)
+            try:
+                o.on_outcome(tier, namespace, outcome)
+            except Exception as exc:
+                self._failed(o, exc)
 
     def on_applied(
         self, namespace: str, op: str, lag_ms: float, *, coarse: bool, stages: Mapping[str, float]
     ) -> None:
         for o in self.observers:
-            o.on_applied(namespace, op, lag_ms, coarse=coarse, stages=stages)
+            try:
+                o.on_applied(namespace, op, lag_ms, coarse=coarse, stages=stages)
+            except Exception as exc:
+                self._failed(o, exc)
 
     def on_offset(self, topic: str, partition: int, offset: int) -> None:
         for o in self.observers:
-            o.on_offset(topic, partition, offset)
+            try:
+                o.on_offset(topic, partition, offset)
+            except Exception as exc:
+                self._failed(o, exc)

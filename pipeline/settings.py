@@ -25,6 +25,15 @@ class WorkerSettings(BaseSettings):
     fetch_max_wait_ms: int = Field(
         10, ge=1, le=30_000, description="Longest a Kafka fetch waits for data (latency vs idle requests)."
     )
+    fence_after_s: float | None = Field(
+        None,
+        gt=0,
+        description="How long a cache tier may fail before it is fenced (outer tiers: skipped, then "
+        "flushed on return; L2: every namespace fenced on return). Default: the SLA window.",
+    )
+    shutdown_grace_s: float = Field(
+        15.0, gt=0, description="After SIGTERM/SIGINT, the worker exits within this long, stopped or not."
+    )
     device: str = Field(
         "auto",
         pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$",

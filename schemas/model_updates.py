@@ -9,6 +9,7 @@ a :class:`ModelUpdateRejected` whose ``reason`` goes to the dead-letter topic.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -139,16 +140,58 @@ SEQUENCE_DIGITS = 20
 """Digits of the sequence part of a signature order (an unsigned 64-bit number fits)."""
 
 
-def signature_order(version: SemVer, sequence: int = 0) -> str:
-    """The order of a namespace's signature: ``version.order_key()`` + ``/`` + ``sequence`` in 20 digits.
+NO_MODEL_ORDER_KEY = "000 "
+"""The version part of the order of a namespace without a model: below every model version's key
+(``SemVer.order_key`` starts with a digit count of at least ``001``), so a first model always moves it."""
+
+
+def signature_order(version: SemVer | None, sequence: int = 0, epoch: int = 0) -> str:
+    """The order of a namespace's signature, compared byte by byte (never with a locale):
+    ``version.order_key()`` (:data:`NO_MODEL_ORDER_KEY` without a model) + ``/`` + ``sequence`` in 20
+    digits, then ``/`` + ``epoch`` in 20 digits when the epoch is not 0.
 
     A newer model version always orders higher; for one model version, the sequence orders the
-    signature changes that a schema change of the bound table makes (its binlog version; 0 for the
-    model update itself). Compared byte by byte (``SemVer.order_key``).
+    signature changes that schema changes of the bound table make (the DDL's binlog version; 0 for the
+    model update itself), and the epoch the fences that came after it (:func:`next_epoch_order`).
     """
-    if not 0 <= sequence < 10**SEQUENCE_DIGITS:
-        raise ValueError(f"sequence must be in 0..10**{SEQUENCE_DIGITS}-1, got {sequence}")
-    return f"{version.order_key()}/{sequence:0{SEQUENCE_DIGITS}d}"
+    for name, number in (("sequence", sequence), ("epoch", epoch)):
+        if not 0 <= number < 10**SEQUENCE_DIGITS:
+            raise ValueError(f"{name} must be in 0..10**{SEQUENCE_DIGITS}-1, got {number}")
+    key = version.order_key() if version is not None else NO_MODEL_ORDER_KEY
+    order = f"{key}/{sequence:0{SEQUENCE_DIGITS}d}"
+    return order + f"/{epoch:0{SEQUENCE_DIGITS}d}" if epoch else order
+
+
+def order_nonce(order: str) -> str:
+    """What an order adds to its version: '' for a model update's own order (sequence and epoch 0),
+    else ``/<sequence>[/<epoch>]``. It is mixed into the signature (:func:`moved_signature`)."""
+    _, _, nonce = order.partition(" /")
+    nonce = "/" + nonce if nonce else ""
+    return "" if nonce == "/" + "0" * SEQUENCE_DIGITS else nonce
+
+
+def next_epoch_order(order: str) -> str:
+    """The order of a fence of the signature whose order is ``order``: the same version and sequence,
+    the epoch one higher (so it orders above ``order`` and below any later DDL or model version)."""
+    head, _, nonce = order.partition(" /")
+    parts = nonce.split("/") if nonce else []
+    if not parts or len(parts) > 2 or not all(p.isascii() and p.isdigit() for p in parts):
+        raise ValueError(f"not a signature order: {order!r}")
+    epoch = int(parts[1]) + 1 if len(parts) == 2 else 1
+    if epoch >= 10**SEQUENCE_DIGITS:
+        raise ValueError("epoch exhausted")
+    return f"{head} /{parts[0]}/{epoch:0{SEQUENCE_DIGITS}d}"
+
+
+def moved_signature(base: str, order: str) -> str:
+    """The signature of entries built under ``base`` (a model update's or a table's signature over the
+    value columns) at ``order``: ``base`` itself for a model update's own order, else SHA-256 of
+    ``base`` followed by :func:`order_nonce` (hex). A schema change or a fence therefore always moves
+    the signature, even when the value columns stay the same."""
+    nonce = order_nonce(order)
+    if not nonce:
+        return base
+    return hashlib.sha256(f"{base}{nonce}".encode()).hexdigest()
 
 
 class ModelUpdate(BaseModel):

@@ -153,6 +153,20 @@ def schema_signature(
     return hashlib.sha256(canonical_json(document).encode("utf-8")).hexdigest()
 
 
+TABLE_SIGNATURE_FORMAT = "freshkey.table-signature/1"
+
+
+def table_signature(value_columns: Iterable[str]) -> str:
+    """The signature of entries of a namespace without a model: SHA-256 (hex) of the canonical JSON of
+    ``{"format": "freshkey.table-signature/1", "value_columns": <distinct names, sorted>}``. A schema
+    change or a fence moves it further (``schemas.model_updates.moved_signature``)."""
+    columns = list(value_columns)
+    if not all(isinstance(c, str) for c in columns):
+        raise SignatureError("value_columns must be strings")
+    document = {"format": TABLE_SIGNATURE_FORMAT, "value_columns": _string_set(columns, "$value_columns")}
+    return hashlib.sha256(canonical_json(document).encode("utf-8")).hexdigest()
+
+
 def normalize_schema(schema: object, path: str = "$") -> Any:
     """The schema with the documented normalization applied (a new JSON value; the input is untouched)."""
     if isinstance(schema, bool):

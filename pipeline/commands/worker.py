@@ -19,8 +19,7 @@ def worker(
     log_level: Annotated[str, typer.Option("--log-level")] = "info",
 ) -> None:
     """Run one worker; start as many as the change topic has partitions to share the load."""
-    import faust
-
+    from pipeline.faust_app import FreshkeyWorker
     from pipeline.worker import create_app
 
     settings = AllSettings.load(env_file)
@@ -30,7 +29,18 @@ def worker(
     except ConnectorError as exc:
         typer.echo(f"freshkey worker: {exc}", err=True)
         raise typer.Exit(2) from None
+    try:
+        settings.worker.data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        typer.echo(
+            f"freshkey worker: cannot create FRESHKEY_WORKER_DATA_DIR {settings.worker.data_dir} "
+            f"({exc.strerror}); set it to a writable directory",
+            err=True,
+        )
+        raise typer.Exit(2) from None
     app, _ = create_app(
         settings.worker, settings.kafka, settings.redis, bindings, settings.l3, mysql=settings.mysql
     )
-    faust.Worker(app, loglevel=log_level.lower(), quiet=True).execute_from_commandline()
+    FreshkeyWorker(
+        app, loglevel=log_level.lower(), quiet=True, shutdown_grace_s=settings.worker.shutdown_grace_s
+    ).execute_from_commandline()

@@ -159,7 +159,8 @@ def prepare(binding: Binding, models: NamespaceModels, *events: ChangeEvent) -> 
         key_prefix=PREFIX,
         models=_Registry(models),  # type: ignore[list-item,arg-type]
     )
-    return asyncio.run(processor.prepare([(None, encode(e)) for e in events]))
+    prepared = asyncio.run(processor.prepare([(None, encode(e)) for e in events]))
+    return prepared.planned, [(r.index, r.stage, r.reason) for r in prepared.rejects], prepared.ddl
 
 
 def test_an_update_invalidates_the_old_semantic_key_and_writes_the_new_one_under_both_models() -> None:
@@ -226,8 +227,8 @@ def test_ddl_events_are_returned_in_order() -> None:
     source = Source(server_id=1, file="b.000001", pos=9, ts_ms=1, db="shop", table="*")
     ddl = DdlEvent(event_id="d", source=source, query="ALTER TABLE assets ADD c INT", ts_ms=1)
     processor = ChangeProcessor(Bindings(bindings=(PLAIN,)), [], key_prefix=PREFIX)
-    planned, rejects, got = asyncio.run(processor.prepare([(None, encode(ddl))]))
-    assert got == [ddl] and not planned and not rejects
+    prepared = asyncio.run(processor.prepare([(None, encode(ddl))]))
+    assert prepared.ddl == [ddl] and not prepared.planned and not prepared.rejects
 
 
 # --- rows read back for a prewarm ---------------------------------------------------------------------
