@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 
 from opentelemetry import metrics, trace
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
@@ -41,7 +41,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from cache_writer import CacheAction
 from connectors.exceptions import ConfigurationError
-from pipeline.sla import SlaState, SlaViolation
+from pipeline.sla import ConsumerProgress, SlaState, SlaViolation
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.metrics import MeterProvider
@@ -60,6 +60,8 @@ EVENTS = "freshkey.events"
 CACHE_OUTCOMES = "freshkey.cache.outcomes"
 LEASES_VOIDED = "freshkey.leases.voided"
 CONSUMER_LAG = "freshkey.consumer.lag"
+CONSUMER_BACKLOG_AGE = "freshkey.consumer.backlog.age"
+CONSUMER_UNKNOWN_PARTITIONS = "freshkey.consumer.partitions.unknown"
 SLA_VIOLATIONS = "freshkey.sla.violations"
 SLA_VIOLATED = "freshkey.sla.violated"
 SLA_LAG_P99 = "freshkey.sla.lag.p99"
@@ -102,6 +104,8 @@ _GAUGES = {
     "freshkey_sla_lag_p99_milliseconds",
     "freshkey_sla_window_ratio",
     "freshkey_connector_checkpoint_age_seconds",
+    "freshkey_consumer_backlog_age_milliseconds",
+    "freshkey_consumer_partitions_unknown",
 }
 PROMETHEUS_METRIC_NAMES: frozenset[str] = frozenset(
     {f"{h}{suffix}" for h in _HISTOGRAMS for suffix in ("_bucket", "_sum", "_count")}
@@ -110,6 +114,76 @@ PROMETHEUS_METRIC_NAMES: frozenset[str] = frozenset(
     | {"target_info"}
 )
 """Every series name the worker and the connector can export on their Prometheus endpoints."""
+
+
+class BrokerFigures(NamedTuple):
+    """One reading of :class:`BrokerOffsets`: partition -> high watermark, and -> committed offset."""
+
+    highs: dict[int, int]
+    committed: dict[int, int | None]
+    """The group's committed offset (the next one to consume); None: the group committed none there."""
+
+
+class BrokerOffsets:
+    """A topic's high watermarks and a consumer group's committed offsets, read straight from the broker.
+
+    What :class:`~pipeline.sla.ConsumerProgress` needs to tell "caught up" from "unknown" for partitions
+    the worker has received nothing on (a quiet partition after a restart, an agent that died before its
+    first message) and for the partitions it does not hold (before it joined its group). A librdkafka
+    client that never subscribes: it does not join the group and commits nothing, it only asks (one
+    ListOffsets per partition and one OffsetFetch: about 1 ms here for 3 partitions).
+
+    Blocking: call :meth:`read` in a thread. It raises ``confluent_kafka.KafkaException`` when the broker
+    does not answer within ``timeout_s`` or the topic does not exist. Some brokers answer ListOffsets
+    with less than the log end (Tansu, measured here: the last record batch's base offset + 1); the
+    progress keeps the highest figure from any source, and the consumer's own (fetch) high watermarks
+    are exact there.
+    """
+
+    def __init__(self, bootstrap: str, *, group_id: str, topic: str, timeout_s: float = 5.0) -> None:
+        self.bootstrap = bootstrap
+        self.group_id = group_id
+        self.topic = topic
+        self.timeout_s = timeout_s
+        self._consumer: Any = None
+        self._lock = threading.Lock()
+
+    def read(self) -> BrokerFigures:
+        from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+        with self._lock:
+            if self._consumer is None:
+                from confluent_kafka import Consumer
+
+                self._consumer = Consumer(
+                    {
+                        "bootstrap.servers": self.bootstrap,
+                        "group.id": self.group_id,
+                        "enable.auto.commit": False,
+                        "enable.auto.offset.store": False,
+                        "logger": log,
+                    }
+                )
+            consumer = self._consumer
+            metadata = consumer.list_topics(self.topic, timeout=self.timeout_s).topics.get(self.topic)
+            if metadata is None or metadata.error is not None:
+                error = metadata.error if metadata is not None else None
+                raise KafkaException(error or KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART))
+            partitions = sorted(metadata.partitions)
+            highs = {
+                p: int(consumer.get_watermark_offsets(TopicPartition(self.topic, p), self.timeout_s)[1])
+                for p in partitions
+            }
+            committed = consumer.committed(
+                [TopicPartition(self.topic, p) for p in partitions], timeout=self.timeout_s
+            )
+        return BrokerFigures(highs, {tp.partition: tp.offset if tp.offset >= 0 else None for tp in committed})
+
+    def close(self) -> None:
+        with self._lock:
+            if self._consumer is not None:
+                self._consumer.close()
+                self._consumer = None
 
 
 class TelemetryError(ConfigurationError):
@@ -304,10 +378,14 @@ class _BatchTrace:
 class OtelObserver:
     """An :class:`~pipeline.observe.ApplyObserver` that records OpenTelemetry metrics and traces.
 
-    Instruments come from ``meter`` (default: the API's global meter named :data:`SCOPE`). Consumer lag
-    per partition is the last high watermark given to :meth:`set_high_watermarks` minus the next offset
-    to process (the last acknowledged one + 1); a partition appears once the worker has acknowledged a
-    message on it and a high watermark is known.
+    Instruments come from ``meter`` (default: the API's global meter named :data:`SCOPE`).
+
+    Consumer lag per partition: with :meth:`watch_progress` (the worker's
+    :class:`~pipeline.sla.ConsumerProgress`), what it knows of the change topic: a partition with no
+    figure has no ``freshkey.consumer.lag`` observation (never a 0) and is counted by
+    ``freshkey.consumer.partitions.unknown``; ``freshkey.consumer.backlog.age`` is the age of its oldest
+    waiting change. Without it, the last high watermark given to :meth:`set_high_watermarks` minus the
+    next offset to process (the last acknowledged one + 1), for partitions with both figures.
     """
 
     def __init__(
@@ -324,6 +402,7 @@ class OtelObserver:
         self._processed: dict[tuple[str, int], int] = {}
         self._highs: dict[str, dict[int, int]] = {}
         self._sla: Callable[[], SlaState | None] | None = None
+        self._progress: ConsumerProgress | None = None
         self._batch: _BatchTrace | None = None
         self.lag = meter.create_histogram(
             LAG,
@@ -358,6 +437,18 @@ class OtelObserver:
             callbacks=[self._observe_consumer_lag],
             unit="{message}",
             description="Messages on a partition not yet applied: high watermark - next offset to process.",
+        )
+        meter.create_observable_gauge(
+            CONSUMER_BACKLOG_AGE,
+            callbacks=[self._observe_backlog_age],
+            unit="ms",
+            description="How long the oldest change not yet applied on a partition has waited (at least).",
+        )
+        meter.create_observable_gauge(
+            CONSUMER_UNKNOWN_PARTITIONS,
+            callbacks=[self._observe_unknown_partitions],
+            unit="{partition}",
+            description="Partitions of the change topic this worker should know about but has no figure for.",
         )
         meter.create_observable_gauge(
             SLA_VIOLATED,
@@ -411,8 +502,14 @@ class OtelObserver:
         """
         self._highs[topic] = dict(highs)
 
+    def watch_progress(self, progress: ConsumerProgress) -> None:
+        """Report consumer lag, backlog age and unknown partitions from ``progress`` (see the class)."""
+        self._progress = progress
+
     def consumer_lag(self) -> dict[tuple[str, int], int]:
         """(topic, partition) -> messages not yet applied, for the partitions with both figures known."""
+        if self._progress is not None:
+            return self._progress.consumer_lag()
         lag: dict[tuple[str, int], int] = {}
         # Called from the Prometheus scrape thread too: iterate over copies.
         for topic, highs in list(self._highs.items()):
@@ -440,6 +537,19 @@ class OtelObserver:
             Observation(lag, {ATTR_TOPIC: topic, ATTR_PARTITION: str(partition)})
             for (topic, partition), lag in self.consumer_lag().items()
         ]
+
+    def _observe_backlog_age(self, options: CallbackOptions) -> Iterable[Observation]:
+        if self._progress is None:
+            return []
+        return [
+            Observation(age, {ATTR_TOPIC: topic, ATTR_PARTITION: str(partition)})
+            for (topic, partition), age in self._progress.ages().items()
+        ]
+
+    def _observe_unknown_partitions(self, options: CallbackOptions) -> Iterable[Observation]:
+        if self._progress is None:
+            return []
+        return [Observation(self._progress.snapshot().unknown, {ATTR_TOPIC: self._progress.topic})]
 
     def _sla_state(self) -> SlaState | None:
         return self._sla() if self._sla is not None else None

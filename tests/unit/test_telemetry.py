@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from cache_writer import CacheAction
 from pipeline.local_services import free_port
 from pipeline.observe import STAGE_PLAN, STAGE_TRANSPORT
-from pipeline.sla import SlaEvaluator, SlaSettings
+from pipeline.sla import ConsumerProgress, SlaEvaluator, SlaSettings
 from pipeline.telemetry import (
     LAG_BUCKETS_MS,
     PROMETHEUS_METRIC_NAMES,
@@ -99,6 +99,37 @@ def test_instruments_and_their_attributes() -> None:
     assert otel.consumer_lag() == {("changes", 0): 5, ("changes", 1): 0}
 
 
+def test_consumer_gauges_from_progress_show_unknown_partitions_as_unknown_never_as_zero() -> None:
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    otel = OtelObserver(meter=provider.get_meter("freshkey"))
+    now = [1_800_000_000.0]
+    progress = ConsumerProgress("changes", partitions=3, clock=lambda: now[0])
+    otel.watch_progress(progress)
+    otel.on_offset("freshkey.hotness", 0, 3)  # an internal topic: not in this view
+    otel.set_high_watermarks("freshkey.hotness", {0: 10})
+    found = points(reader)
+    assert found.get("freshkey.consumer.lag", []) == [], "before the group join: no lag, not a lag of 0"
+    unknown = found["freshkey.consumer.partitions.unknown"]
+    assert [(dict(p.attributes or {}), p.value) for p in unknown] == [
+        ({"messaging.destination.name": "changes"}, 3)
+    ]
+    progress.set_assignment({0, 1})
+    progress.set_high_watermarks({0: 15})
+    progress.set_committed({0: 10})
+    progress.on_received("changes", 0, 10, now[0] * 1000)
+    now[0] += 0.25
+    found = points(reader)
+    provider.shutdown()
+    partition = "messaging.destination.partition.id"
+    lag = {p.attributes[partition]: p.value for p in found["freshkey.consumer.lag"]}
+    assert lag == {"0": 5}, "partition 1 has no high watermark: no observation"
+    ages = {p.attributes[partition]: p.value for p in found["freshkey.consumer.backlog.age"]}
+    assert ages == {"0": pytest.approx(250.0)}
+    assert [p.value for p in found["freshkey.consumer.partitions.unknown"]] == [1]
+    assert otel.consumer_lag() == {("changes", 0): 5}
+
+
 def test_sla_gauges_and_violation_counter() -> None:
     reader = InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[reader])
@@ -157,6 +188,11 @@ def test_prometheus_endpoint_serves_the_listed_names() -> None:
         otel.on_leases_voided()
         otel.on_offset("changes", 0, 1)
         otel.set_high_watermarks("changes", {0: 4})
+        progress = ConsumerProgress("changes", partitions=2)
+        progress.set_assignment({0, 1})
+        progress.set_high_watermarks({0: 4})
+        progress.on_offset("changes", 0, 1)
+        otel.watch_progress(progress)
         text = scrape(port)
     finally:
         telemetry.shutdown()
