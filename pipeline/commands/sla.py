@@ -87,6 +87,14 @@ def sla(
             f"lag p50 {state.p50_ms:.1f} ms, p99 {state.p99_ms:.1f} ms, max {state.max_ms:.1f} ms "
             f"(percentiles at most 4.5 % high); {state.violations} violation(s) since the worker started"
         )
+    if state.unknown_partitions is not None:
+        age = "unknown" if state.backlog_age_ms is None else f"{state.backlog_age_ms:.0f} ms"
+        unknown = state.unknown_partitions
+        console.print(
+            f"oldest change waiting on the change topic: {age}; "
+            f"{unknown} partition{'' if unknown == 1 else 's'} without a figure"
+            + (" (counted against the SLA, see /freshkey/consumer-lag)" if unknown else "")
+        )
     if state.last_event is not None:
         console.print(f"last event ({_when(state.last_event.at_ms)}): {state.last_event.message}")
     if state.violated:

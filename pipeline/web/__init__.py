@@ -6,9 +6,10 @@ Routes, on the Faust web server (bound to ``FRESHKEY_WORKER_WEB_BIND``, 127.0.0.
 - ``GET /dashboard/static/{name}``: its script and style sheet and the vendored uPlot (MIT, see
   ``static/uPlot.LICENSE``); only the files in :data:`STATIC_FILES`, nothing is fetched from a CDN.
 - ``GET /freshkey/api/series?since=<unix s>``: :meth:`SeriesRecorder.snapshot` (per-second points from
-  ``since`` on, a summary of the last minute), plus ``consumer`` (per partition: acknowledged offset,
-  high watermark, lag) and ``routes`` (which optional routes this worker has, so the page does not poll
-  a route that is not there).
+  ``since`` on, a summary of the last minute), plus ``consumer`` (per partition of the change topic:
+  state, acknowledged offset, high watermark, lag, age of the oldest waiting change; see
+  :class:`~pipeline.sla.PartitionProgress`) and ``routes`` (which optional routes this worker has, so
+  the page does not poll a route that is not there).
 
 The page also reads ``/freshkey/stats`` and, when present, ``/freshkey/sla`` and ``/freshkey/verify``;
 without them it says "SLA: not configured" and "no verification yet".
@@ -27,6 +28,7 @@ from pipeline.web.series import SeriesRecorder
 if TYPE_CHECKING:
     import faust
 
+    from pipeline.sla import ConsumerProgress
     from pipeline.worker import ChangeProcessor
 
 __all__ = ["OPTIONAL_ROUTES", "STATIC_FILES", "SeriesRecorder", "consumer_lag", "install_dashboard"]
@@ -52,10 +54,14 @@ def _static(name: str) -> bytes:
     return resources.files("pipeline.web").joinpath("static", name).read_bytes()
 
 
-def install_dashboard(app: faust.App, processor: ChangeProcessor) -> SeriesRecorder:
+def install_dashboard(
+    app: faust.App, processor: ChangeProcessor, *, progress: ConsumerProgress | None = None
+) -> SeriesRecorder:
     """Register the dashboard routes on ``app`` and a :class:`SeriesRecorder` on the processor.
 
-    Returns the recorder (the worker does not need it; tests do).
+    ``progress``: the worker's consumer progress of the change topic; the consumer-lag card then shows
+    that topic only, unknown partitions as unknown. Without it (older wiring), :func:`consumer_lag` of
+    every partition the consumer holds. Returns the recorder (the worker does not need it; tests do).
     """
     series = SeriesRecorder()
     processor.observers.add(series)
@@ -84,7 +90,9 @@ def install_dashboard(app: faust.App, processor: ChangeProcessor) -> SeriesRecor
             if not math.isfinite(since):
                 return web.error(400, f"since={raw!r}: want unix seconds")
         body = series.snapshot(since)
-        body["consumer"] = consumer_lag(app, processor.stats.offsets)
+        body["consumer"] = (
+            progress.rows() if progress is not None else consumer_lag(app, processor.stats.offsets)
+        )
         body["routes"] = _routes_present(app)
         return web.json(body)
 

@@ -491,3 +491,29 @@ def test_a_state_with_the_new_fields_and_one_without_them_both_parse() -> None:
     old["targets"] = [t for t in old["targets"] if t["name"] != "backlog_age"]
     parsed = SlaState.model_validate(old)  # what a worker from before this target answers
     assert parsed.backlog_age_ms is None and parsed.unknown_partitions is None
+
+
+def test_sla_command_prints_the_backlog_and_unknown_partitions(tmp_path: Path) -> None:
+    import typer
+    from typer.testing import CliRunner
+
+    from pipeline.commands.sla import sla
+
+    clock = Clock()
+    ev, progress = stalled_worker(clock, with_progress=True)
+    progress.on_received("changes", 1, 12, clock() * 1000)
+    progress.set_assignment({0, 1, 2})  # partition 2: no figure yet
+    clock.advance(4.0)
+    state, _ = ev.evaluate()
+    server = _SlaServer(state)
+    app = typer.Typer()
+    app.command()(sla)
+    try:
+        result = CliRunner().invoke(app, ["--url", server.url])
+    finally:
+        server.close()
+    assert result.exit_code == 1, result.output
+    assert "backlog_age" in result.output and "violated" in result.output
+    assert "oldest change waiting on the change topic: 4000 ms; 1 partition without a figure" in " ".join(
+        result.output.split()
+    )

@@ -14,6 +14,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from pipeline.observe import STAGE_PLAN, STAGE_SOURCE, STAGE_TRANSPORT, TIER_STAGE_PREFIX, Observers
+from pipeline.sla import ConsumerProgress
 from pipeline.stats import WorkerStats, percentile
 from pipeline.web import STATIC_FILES, consumer_lag, install_dashboard
 from pipeline.web.series import RELATIVE_ACCURACY, SUMMARY_WINDOW_S, SeriesRecorder, Sketch
@@ -232,7 +233,12 @@ class _Processor:
         self.observers = Observers([self.stats])
 
 
-def _serve(check: Callable[[TestClient, SeriesRecorder, _Processor], Any], *, with_sla: bool = False) -> None:
+def _serve(
+    check: Callable[[TestClient, SeriesRecorder, _Processor], Any],
+    *,
+    with_sla: bool = False,
+    progress: ConsumerProgress | None = None,
+) -> None:
     async def main() -> None:
         app = faust.App("freshkey-dashboard-test", broker="kafka://127.0.0.1:9", web_enabled=True)
         processor = _Processor()
@@ -242,7 +248,7 @@ def _serve(check: Callable[[TestClient, SeriesRecorder, _Processor], Any], *, wi
             async def sla(web: Any, request: Any) -> Any:
                 return web.json({"status": "ok"})
 
-        recorder = install_dashboard(app, processor)  # type: ignore[arg-type]
+        recorder = install_dashboard(app, processor, progress=progress)  # type: ignore[arg-type]
         async with TestClient(TestServer(app.web.web_app)) as client:  # type: ignore[attr-defined]
             await check(client, recorder, processor)
 
@@ -284,3 +290,26 @@ def test_series_says_which_optional_routes_exist() -> None:
         assert body["routes"] == {"sla": True, "verify": False}
 
     _serve(check, with_sla=True)
+
+
+def test_with_consumer_progress_the_card_shows_the_change_topic_and_unknown_partitions() -> None:
+    clock = FakeClock()
+    progress = ConsumerProgress("changes", partitions=2, clock=clock)
+
+    async def check(client: TestClient, recorder: SeriesRecorder, processor: _Processor) -> None:
+        processor.observers.on_offset("freshkey.hotness", 0, 4)  # internal topics stay out of the card
+        body = await (await client.get("/freshkey/api/series")).json()
+        assert [(r["topic"], r["partition"], r["state"], r["lag"]) for r in body["consumer"]] == [
+            ("changes", 0, "unknown", None),
+            ("changes", 1, "unknown", None),
+        ], "before the group join: every partition unknown, not an empty card"
+        progress.set_assignment({1})
+        progress.set_high_watermarks({1: 9})
+        progress.set_committed({1: 9})
+        body = await (await client.get("/freshkey/api/series")).json()
+        assert body["consumer"] == progress.rows()
+        assert [(r["partition"], r["state"], r["lag"], r["acked_offset"]) for r in body["consumer"]] == [
+            (1, "caught_up", 0, 8)
+        ]
+
+    _serve(check, progress=progress)

@@ -69,6 +69,8 @@
     sla: null,
     verify: null,
     consumerPartitions: 0,
+    consumerUnknown: 0,
+    slaTargets: {},
     lastError: null,
   };
   window.__freshkey = exposed;
@@ -444,6 +446,7 @@
     p99_lag: "p99 commit → cache lag",
     consistency_window: "changes within the window",
     heartbeat: "heartbeat overdue",
+    backlog_age: "oldest waiting change",
   };
 
   function slaTargets(sla) {
@@ -510,6 +513,7 @@
     stateBadge.textContent = statusText(status) + (sla.since_ms ? " · " + ago(sla.since_ms) : "");
     exposed.sla = statusText(status);
     const targets = slaTargets(sla);
+    exposed.slaTargets = Object.fromEntries(targets.map((t) => [t.name, t.status]));
     if (targets.length) {
       const table = el("table", { class: "data" });
       table.append(el("tr", {}, el("th", {}, "target"), el("th", { class: "r" }, "promise"),
@@ -523,12 +527,19 @@
           el("td", { class: "r" }, el("span", { class: "badge " + statusClass(t.status) }, statusText(t.status)))));
       }
       body.append(table);
+      // What a violated target says is why: show it, not only in the row's tooltip.
+      for (const t of targets) {
+        if (t.status === "violated" && t.detail) {
+          body.append(el("div", { class: "note bad" }, (TARGET_LABELS[t.name] || t.name) + ": " + t.detail));
+        }
+      }
     } else {
       body.append(kvList(sla, ["status", "ok"]));
     }
     const facts = [];
     if (sla.evaluation_window_s != null) facts.push("sliding window " + fmtCount(sla.evaluation_window_s) + " s");
     if (sla.samples != null) facts.push(fmtCount(sla.samples) + " samples");
+    if (sla.unknown_partitions) facts.push(fmtCount(sla.unknown_partitions) + " partition" + (sla.unknown_partitions === 1 ? "" : "s") + " unknown");
     if (sla.violations != null) facts.push(fmtCount(sla.violations) + " violation" + (sla.violations === 1 ? "" : "s") + " since start");
     if (facts.length) body.append(el("div", { class: "note" }, facts.join(" · ")));
     if (sla.last_event && sla.last_event.message) {
@@ -537,34 +548,64 @@
     }
   }
 
+  // Consumer lag rows: pipeline/sla.py PartitionProgress ({topic, partition, state, assigned, lag, age_ms,
+  // acked_offset, highwater, committed_offset, reason, ...}), or, from an older worker, {topic, partition,
+  // acked_offset, highwater, lag, assigned} without a state. A lag of null is unknown, never "caught up".
+  const CONSUMER_STATES = { caught_up: "caught up", behind: "behind", stalled: "stalled", unknown: "unknown" };
+
+  function rowState(r) {
+    if (r.state) return r.state;
+    return r.lag == null ? "unknown" : r.lag > 0 ? "behind" : "caught_up";
+  }
+
   function renderConsumer() {
     const body = $("consumer-body");
     body.innerHTML = "";
     const rows = state.consumer;
     exposed.consumerPartitions = rows.length;
+    exposed.consumerUnknown = rows.filter((r) => rowState(r) === "unknown").length;
     if (!rows.length) {
       body.append(el("span", { class: "muted" }, "waiting for data (no partition assigned or acknowledged yet)"));
       return;
     }
     const maxLag = Math.max(1, ...rows.map((r) => r.lag || 0));
     const topics = new Set(rows.map((r) => r.topic));
+    const withAge = rows.some((r) => "age_ms" in r);
     const table = el("table", { class: "data" });
-    table.append(el("tr", {}, el("th", {}, "partition"), el("th", { class: "r" }, "acked offset"),
-      el("th", { class: "r" }, "high watermark"), el("th", { class: "r" }, "lag"), el("th", {}, "")));
+    // With the age column the card is one column wider: shorter headers (the hint above says what they are).
+    table.append(el("tr", {}, el("th", {}, "partition"), el("th", { class: "r" }, withAge ? "acked" : "acked offset"),
+      el("th", { class: "r" }, withAge ? "high" : "high watermark"), el("th", { class: "r" }, "lag"),
+      withAge ? el("th", { class: "r", title: "how long the oldest change not yet applied has waited" }, "oldest") : null,
+      el("th", {}, "")));
     for (const r of rows) {
-      const lag = r.lag == null ? "n/a" : fmtCount(r.lag);
-      const bar = el("div", { class: "bar" + (r.lag > 0 ? " bad" : "") },
+      const st = rowState(r);
+      const unknown = st === "unknown";
+      const lagText = unknown ? "unknown" : fmtCount(r.lag);
+      const lagClass = unknown || st === "stalled" ? " bad" : r.lag > 0 ? " warn" : "";
+      const bar = el("div", { class: "bar" + (r.lag > 0 || st === "stalled" ? " bad" : "") },
         el("span", { style: "width:" + (r.lag == null ? 0 : Math.max(r.lag > 0 ? 3 : 0, (100 * r.lag) / maxLag)) + "%" }));
-      const name = topics.size > 1 ? r.topic + " [" + r.partition + "]" : String(r.partition);
-      table.append(el("tr", { title: r.assigned ? "" : "not assigned to this worker (offsets as last acknowledged here)" },
-        el("td", {}, name, r.assigned ? null : el("span", { class: "muted" }, " · idle")),
+      const label = r.partition == null ? "?" : String(r.partition);
+      const name = topics.size > 1 ? r.topic + " [" + label + "]" : label;
+      const title = r.reason || (r.assigned === false && !r.state ? "not assigned to this worker (offsets as last acknowledged here)" : "");
+      const tag = unknown ? " unknown" : st === "stalled" ? " stalled" : r.assigned === false ? " idle" : "";
+      const age = r.age_ms == null ? (r.group_age_ms != null ? "≥ " + fmtMs(r.group_age_ms) + " (group)" : "–")
+        : r.age_ms === 0 ? "0" : fmtMs(r.age_ms);
+      table.append(el("tr", { title: title, "data-state": st },
+        el("td", {}, name, tag ? el("span", { class: unknown || st === "stalled" ? "bad" : "muted" }, tag) : null),
         el("td", { class: "r" }, r.acked_offset == null ? "n/a" : String(r.acked_offset)),
         el("td", { class: "r" }, r.highwater == null ? "n/a" : String(r.highwater)),
-        el("td", { class: "r" + (r.lag > 0 ? " warn" : "") }, lag),
-        el("td", { style: "width: 35%" }, bar)));
+        el("td", { class: "r" + lagClass }, lagText),
+        withAge ? el("td", { class: "r" + (st === "stalled" ? " bad" : "") }, age) : null,
+        el("td", { style: "width: " + (withAge ? 16 : 35) + "%" }, bar)));
     }
     if (topics.size === 1) body.append(el("div", { class: "note", style: "margin: 0 0 6px" }, "topic " + rows[0].topic));
     body.append(table);
+    const unknownRows = rows.filter((r) => rowState(r) === "unknown");
+    if (unknownRows.length) {
+      body.append(el("div", { class: "note bad" },
+        fmtCount(unknownRows.length) + " partition" + (unknownRows.length === 1 ? "" : "s") +
+        " without a figure (" + (unknownRows[0].reason || "unknown") + "): not counted as caught up"));
+    }
   }
 
   // Verifier (pipeline/verify.py Verification.to_json): {checked, stale, in_flight, nines, window_ms,
