@@ -1,10 +1,44 @@
 """Compare cache tiers with the database, entry by entry, and tell stale from still in flight.
 
-An entry is *stale* when it is live and its value (or, with a version column, its version) differs
-from the row, or when it is live while the row is gone. A row without a live entry is *missing*: a
-plain miss for the application (never served stale), a lost change when every row went through the
-pipeline in write mode. A mismatch seen once may be a change still in flight; :func:`run_verification`
-re-checks each one after the SLA window and only then calls it stale.
+One look (:func:`judge`, :func:`verify_namespace`): an entry is *wrong* when it is live and its value
+(or, with a version column, its version) differs from the row, or when it is live while the row is gone.
+A row without a live entry is *missing*: a plain miss for the application (never served stale), a lost
+change when every row went through the pipeline in write mode.
+
+A wrong entry seen once may be a change still in flight, so :func:`run_verification` works in two reads:
+
+1. **First read.** Per binding it records the state of the source *before* reading the rows: with a
+   ``version_column`` the rows carry their own versions; otherwise the server's binlog position
+   (``SHOW MASTER STATUS``) or executed GTIDs (``@@gtid_current_pos`` on MariaDB, ``@@gtid_executed`` on
+   MySQL), turned into a *floor*: the smallest version (``schemas.versions``, the connector's
+   ``FRESHKEY_CONNECTOR_VERSION_SOURCE``) that a change committed after that moment can have. Then it
+   reads the rows and every tier's entries; each wrong entry is a *suspect*, and the row as read then
+   (or its absence) is its *first-read state*.
+2. **After the window** (``window_ms``, the SLA window) it reads each suspect's row and entry again and
+   calls the entry **stale only when it is still older than the first-read state**
+   (:func:`judge_after_window`):
+
+   - it now matches the row, or it was invalidated since: in flight;
+   - with a version column: stale when ``entry.version`` < the row's version at the first read, or when
+     the entry carries a version the row had (at the first read or now) with another value, or a version
+     newer than the row's now (no change in flight can be that new, and the forward-only CAS keeps it);
+     a live entry for a row gone at the first read and still gone is stale;
+   - with binlog/GTID versions: stale when the entry's version is below the floor (it comes from a
+     change committed before the first read) *and* its value is neither the first-read value nor the
+     current value; a live entry for a row gone at the first read and still gone, below the floor, is
+     stale;
+   - anything that moved past the first-read state (a version at or above the floor, or above the
+     first-read version) is in flight: the pipeline has had the window to apply the first-read state
+     and it did, or something newer.
+
+   Without a binlog position (binlog off, or no privilege to read it) versions cannot be compared and
+   only values are: stale when the value is neither the first-read nor the current value.
+
+Nothing about one binding stops the others: a binding whose table is missing, has no primary key and no
+``key_columns``, or lacks a column the binding names is reported *unverifiable* with what to change, and
+so are single entry keys that cannot be read back (a key with the wrong number of parts, a version column
+that holds no version). A key that a key column cannot hold (an emoji against a latin1 column) is no row
+of the table: its live entry is judged as an entry for a row that does not exist.
 """
 
 from __future__ import annotations
@@ -16,27 +50,65 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import unquote
+
+import pymysql
 
 from cache_writer import entry_key
 from cache_writer.entries import Entry, parse_entry, read_namespace
+from cache_writer.keys import namespace_prefix
 from cache_writer.redis_cluster import RedisClient, run_pipeline
 from cache_writer.signatures import read_signatures
-from connectors.database import primary_key, read_rows, read_table
+from connectors.database import (
+    BinlogPosition,
+    binlog_position,
+    primary_key,
+    read_rows,
+    read_table,
+    table_columns,
+)
 from connectors.settings import MySQLSettings
 from pipeline.models import KeyRequest, ModelRegistry, semantic_keys
-from schemas import Binding, Bindings, column_version, encode_value
+from schemas import (
+    Binding,
+    Bindings,
+    VersionError,
+    binlog_version,
+    column_version,
+    encode_value,
+    gtid_version,
+    row_key,
+)
+from schemas.versions import gtid_sequence
+
+VersionSource = Literal["binlog", "gtid"]
+
+MIN_CHECKED_FOR_NINES = 10
+"""Below this many checked entries no nines are stated: 0 stale of n can show at most log10(n) nines."""
+
+EXIT_CLEAN, EXIT_STALE, EXIT_UNVERIFIABLE = 0, 1, 3
+"""``freshkey verify`` exit codes: 2 stays click's usage error. Stale wins over unverifiable."""
 
 
 class Verdict(StrEnum):
     OK = "ok"
     STALE = "stale"
     MISSING = "missing"
+    IN_FLIGHT = "in flight"
+
+
+def expected_value(binding: Binding, row: Mapping[str, Any]) -> bytes:
+    """The cache value (``d``) the pipeline writes for ``row`` under ``binding``."""
+    projected = row if binding.value_columns is None else {c: row[c] for c in binding.value_columns}
+    return encode_value(projected)
 
 
 def judge(binding: Binding, row: Mapping[str, Any] | None, entry: Entry | None) -> tuple[Verdict, str]:
-    """One row (None: it does not exist) against one entry (None: absent)."""
+    """One row (None: it does not exist) against one entry (None: absent), in one look.
+
+    Raises :class:`schemas.VersionError` when the row's version column holds no usable version.
+    """
     live = entry is not None and not entry.tombstone
     if row is None:
         if live:
@@ -46,8 +118,7 @@ def judge(binding: Binding, row: Mapping[str, Any] | None, entry: Entry | None) 
     if not live:
         return Verdict.MISSING, "no live entry"
     assert entry is not None
-    projected = row if binding.value_columns is None else {c: row[c] for c in binding.value_columns}
-    expected = encode_value(projected)
+    expected = expected_value(binding, row)
     if entry.value != expected:
         return Verdict.STALE, f"value {entry.value!r} != database {expected!r}"
     if binding.version_column is not None:
@@ -55,6 +126,106 @@ def judge(binding: Binding, row: Mapping[str, Any] | None, entry: Entry | None) 
         if entry.version != want:
             return Verdict.STALE, f"version {entry.version} != database {want}"
     return Verdict.OK, ""
+
+
+@dataclass(frozen=True, slots=True)
+class FirstRead:
+    """What a suspect's row was at the first read, and where the source stood just before it."""
+
+    row: Mapping[str, Any] | None
+    """The row as first read; None: it did not exist."""
+    floor: int | None = None
+    """Binlog/GTID versions: the smallest version a change committed after the first read can have
+    (:func:`version_floor`); None with a version column, or when the position could not be read."""
+
+
+def judge_after_window(
+    binding: Binding, first: FirstRead, row: Mapping[str, Any] | None, entry: Entry | None
+) -> tuple[Verdict, str]:
+    """A suspect after the window: STALE only when the entry is still older than its first-read state.
+
+    ``row`` and ``entry`` are as read after the window. Returns STALE or IN_FLIGHT (see the module
+    docstring for the rule). Raises :class:`schemas.VersionError` when a version column holds no version.
+    """
+    verdict, _ = judge(binding, row, entry)
+    if verdict is Verdict.OK:
+        return Verdict.IN_FLIGHT, "caught up with the row"
+    if verdict is Verdict.MISSING:
+        return Verdict.IN_FLIGHT, "invalidated since the first read"
+    assert entry is not None and entry.value is not None  # live
+    column = binding.version_column
+    if column is not None:
+        return _judge_by_column(binding, column, first, row, entry)
+    known = {expected_value(binding, r) for r in (first.row, row) if r is not None}
+    if entry.value in known:
+        return Verdict.IN_FLIGHT, "holds the row's value at the first read or now"
+    if first.floor is not None and entry.version >= first.floor:
+        return Verdict.IN_FLIGHT, f"v{entry.version} is from a change after the first read"
+    before = "" if first.floor is None else " and its version is from before the first read"
+    if first.row is None and row is None:
+        return Verdict.STALE, f"live entry v{entry.version} for a row gone at the first read and still gone"
+    return Verdict.STALE, (
+        f"value {entry.value!r} (v{entry.version}) is neither the row at the first read nor now{before}"
+    )
+
+
+def _judge_by_column(
+    binding: Binding, column: str, first: FirstRead, row: Mapping[str, Any] | None, entry: Entry
+) -> tuple[Verdict, str]:
+    if first.row is not None:
+        want = column_version(first.row[column])
+        if entry.version < want:
+            return Verdict.STALE, f"v{entry.version} is older than the row at the first read (v{want})"
+        if entry.version == want and entry.value != expected_value(binding, first.row):
+            return Verdict.STALE, f"v{entry.version} is the row's version at the first read, another value"
+    elif row is None:
+        return Verdict.STALE, f"live entry v{entry.version} for a row gone at the first read and still gone"
+    if row is not None:
+        now = column_version(row[column])
+        if entry.version == now and entry.value != expected_value(binding, row):
+            return Verdict.STALE, f"v{entry.version} is the row's version now, with another value"
+        if entry.version > now:
+            return Verdict.STALE, f"v{entry.version} is newer than the row (v{now}): no change can replace it"
+    return Verdict.IN_FLIGHT, f"v{entry.version} moved past the first read"
+
+
+def version_floor(source: VersionSource, position: BinlogPosition | None) -> int | None:
+    """The smallest version a change committed after ``position`` can have; None when unknown.
+
+    ``binlog``: a rows event committed later ends after ``pos`` (or in a later file), so its version is
+    at least ``binlog_version(file, pos + 1, 0)``; every earlier one ends at or before ``pos`` and is
+    below it. ``gtid``: a later transaction has a larger sequence number than the highest executed one
+    (the highest over all domains or source uuids: versions of different domains do not compare, and
+    this errs towards calling an old entry old).
+    """
+    if position is None:
+        return None
+    if source == "binlog":
+        try:
+            return binlog_version(position.file, position.pos + 1, 0)
+        except VersionError:
+            return None
+    sequences = [_highest_sequence(part) for part in position.gtid.replace("\n", "").split(",") if part]
+    found = [s for s in sequences if s is not None]
+    if not found:
+        return None
+    try:
+        # The version of the first row of the next transaction (any domain: only the number counts).
+        return gtid_version(str(max(found) + 1), 0)
+    except VersionError:
+        return None
+
+
+def _highest_sequence(gtid_set: str) -> int | None:
+    """Highest sequence of one MariaDB GTID (``0-1-42``) or MySQL set (``uuid:1-40:42-45``)."""
+    gtid_set = gtid_set.strip()
+    try:
+        if ":" not in gtid_set:
+            return gtid_sequence(gtid_set)
+        ends = [interval.rsplit("-", 1)[-1] for interval in gtid_set.split(":")[1:]]
+        return max(int(end) for end in ends if end.isdecimal())
+    except (VersionError, ValueError):
+        return None
 
 
 @dataclass
@@ -68,11 +239,33 @@ class VerifyReport:
     missing: int = 0
     in_flight: int = 0
     versions_checked: bool = False
+    unverifiable: str | None = None
+    """Why this binding could not be verified at all (then every count is 0); None: it was."""
+    unverifiable_keys: int = 0
+    """Entries that could not be judged (their key cannot be read back, or no usable version)."""
+    rule: str = ""
+    """How in-flight entries were told from stale ones: version column, binlog/gtid floor, value only."""
     examples: list[str] = field(default_factory=list)
 
     def _example(self, text: str) -> None:
         if len(self.examples) < 10:
             self.examples.append(text)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "namespace": self.namespace,
+            "tier": self.tier,
+            "rows": self.rows,
+            "checked": self.checked,
+            "stale": self.stale,
+            "in_flight": self.in_flight,
+            "missing": self.missing,
+            "versions_checked": self.versions_checked,
+            "unverifiable": self.unverifiable,
+            "unverifiable_keys": self.unverifiable_keys,
+            "rule": self.rule,
+            "examples": self.examples,
+        }
 
 
 def verify_namespace(
@@ -85,7 +278,8 @@ def verify_namespace(
 ) -> VerifyReport:
     """Every row against the namespace's entries, and every entry without a row (one pass, no re-check).
 
-    ``key_columns`` are the binding's, or the table's primary key when the binding names none.
+    ``key_columns`` are the binding's, or the table's primary key when the binding names none. For a
+    quiet pipeline (tests, the demo): a change in flight counts as stale here.
     """
     report = VerifyReport(binding.namespace, entries=len(entries))
     report.versions_checked = binding.version_column is not None
@@ -94,14 +288,22 @@ def verify_namespace(
         report.rows += 1
         key = entry_key(prefix, binding.namespace, [row[c] for c in key_columns])
         seen.add(key)
-        _count(report, key, *judge(binding, row, entries.get(key)))
+        _count(report, key, binding, row, entries.get(key))
     for key, entry in entries.items():
         if key not in seen:
-            _count(report, key, *judge(binding, None, entry))
+            _count(report, key, binding, None, entry)
     return report
 
 
-def _count(report: VerifyReport, key: str, verdict: Verdict, reason: str) -> None:
+def _count(
+    report: VerifyReport, key: str, binding: Binding, row: Mapping[str, Any] | None, entry: Entry | None
+) -> None:
+    try:
+        verdict, reason = judge(binding, row, entry)
+    except VersionError as exc:
+        report.unverifiable_keys += 1
+        report._example(f"unverifiable: {key}: {exc}")
+        return
     if verdict is Verdict.MISSING:
         report.missing += 1
         report._example(f"missing: {key}")
@@ -120,6 +322,21 @@ def nines(checked: int, stale: int) -> float:
     if stale == 0:
         return round(cap, 2)
     return round(min(-math.log10(stale / checked), cap), 2)
+
+
+def stated_nines(checked: int, stale: int) -> float | None:
+    """:func:`nines`, or None below :data:`MIN_CHECKED_FOR_NINES` checked entries (too few to say)."""
+    return nines(checked, stale) if checked >= MIN_CHECKED_FOR_NINES else None
+
+
+def nines_text(checked: int, stale: int) -> str:
+    """``"1.48 nines"``, or ``"0 stale of 1 (too few to state nines)"`` for a tiny sample."""
+    figure = stated_nines(checked, stale)
+    if figure is None:
+        return (
+            f"{stale} stale of {checked} (too few to state nines: fewer than {MIN_CHECKED_FOR_NINES} checked)"
+        )
+    return f"{figure:.2f} nines"
 
 
 # -- the live verifier ------------------------------------------------------------------------------------
@@ -142,32 +359,49 @@ class Verification:
     def in_flight(self) -> int:
         return sum(r.in_flight for r in self.reports)
 
+    @property
+    def unverifiable(self) -> list[VerifyReport]:
+        """Reports of bindings that could not be verified at all."""
+        return [r for r in self.reports if r.unverifiable is not None]
+
+    @property
+    def unverifiable_keys(self) -> int:
+        return sum(r.unverifiable_keys for r in self.reports)
+
+    @property
+    def exit_code(self) -> int:
+        """0 clean, 1 stale entries found, 3 nothing stale but something could not be verified."""
+        if self.stale:
+            return EXIT_STALE
+        if self.unverifiable or self.unverifiable_keys:
+            return EXIT_UNVERIFIABLE
+        return EXIT_CLEAN
+
+    @property
+    def status(self) -> str:
+        return {EXIT_CLEAN: "clean", EXIT_STALE: "stale", EXIT_UNVERIFIABLE: "unverifiable"}[self.exit_code]
+
     def to_json(self) -> dict[str, Any]:
         return {
+            "status": self.status,
+            "exit_code": self.exit_code,
             "checked": self.checked,
             "stale": self.stale,
             "in_flight": self.in_flight,
-            "nines": nines(self.checked, self.stale),
+            "nines": stated_nines(self.checked, self.stale),
+            "nines_text": nines_text(self.checked, self.stale),
+            "min_checked_for_nines": MIN_CHECKED_FOR_NINES,
+            "unverifiable": [{"namespace": r.namespace, "reason": r.unverifiable} for r in self.unverifiable],
+            "unverifiable_keys": self.unverifiable_keys,
             "window_ms": self.window_ms,
             "ts_ms": int(time.time() * 1000),
-            "reports": [
-                {
-                    "namespace": r.namespace,
-                    "tier": r.tier,
-                    "rows": r.rows,
-                    "checked": r.checked,
-                    "stale": r.stale,
-                    "in_flight": r.in_flight,
-                    "missing": r.missing,
-                    "versions_checked": r.versions_checked,
-                    "examples": r.examples,
-                }
-                for r in self.reports
-            ],
+            "reports": [r.to_json() for r in self.reports],
         }
 
 
 async def _entries(client: RedisClient, keys: Sequence[str]) -> dict[str, Entry | None]:
+    if not keys:
+        return {}
     replies = await run_pipeline(client, [("HGETALL", key) for key in keys])
     entries: dict[str, Entry | None] = {}
     for key, fields in zip(keys, replies, strict=True):
@@ -184,6 +418,60 @@ def _as_dict(fields: Any) -> dict[bytes, bytes]:
     return dict(zip(items[::2], items[1::2], strict=True))
 
 
+@dataclass
+class _Suspect:
+    """A wrong entry at the first read, waiting for the window."""
+
+    report: VerifyReport
+    binding: Binding
+    key_columns: tuple[str, ...]
+    client: RedisClient
+    key: str
+    ref: str
+    """The row key (``schemas.row_key``) of the row it is about."""
+    values: list[Any]
+    """That row's key values, to read it again."""
+    first: FirstRead
+
+
+def _check_binding(mysql: MySQLSettings, binding: Binding) -> tuple[tuple[str, ...], str | None]:
+    """The binding's key columns, or why it cannot be verified (and what to change)."""
+    columns = table_columns(mysql, binding.database, binding.table_name)
+    if not columns:
+        return (), (
+            f"table {binding.table} does not exist or this account cannot see it: "
+            "fix the binding's table or grant SELECT on it"
+        )
+    key_columns = binding.key_columns or primary_key(mysql, binding.database, binding.table_name)
+    if not key_columns:
+        return (), f"{binding.table} has no primary key: name key_columns in its binding"
+    named = [*key_columns, *(binding.value_columns or ()), *filter(None, [binding.version_column])]
+    absent = [c for c in dict.fromkeys(named) if c not in columns]
+    if absent:
+        return (), (
+            f"{binding.table} has no column {', '.join(absent)}: fix the binding's key_columns, "
+            "value_columns or version_column"
+        )
+    return tuple(key_columns), None
+
+
+def _first_position(mysql: MySQLSettings, binding: Binding, source: VersionSource) -> tuple[int | None, str]:
+    """The floor of the first read (read before the rows) and the name of the rule it gives."""
+    if binding.version_column is not None:
+        return None, f"version column {binding.version_column}"
+    try:
+        floor = version_floor(source, binlog_position(mysql))
+    except pymysql.err.MySQLError as exc:
+        return None, f"value only (binlog position unreadable: {_mysql_message(exc)})"
+    if floor is None:
+        return None, f"value only (no {source} position on the server)"
+    return floor, f"{source} position"
+
+
+def _mysql_message(exc: BaseException) -> str:
+    return str(exc.args[-1]) if exc.args else str(exc)
+
+
 async def run_verification(
     mysql: MySQLSettings,
     bindings: Sequence[Binding],
@@ -193,21 +481,38 @@ async def run_verification(
     window_ms: float,
     sample: int | None = None,
     seed: int | None = None,
+    version_source: VersionSource = "binlog",
 ) -> Verification:
     """Check every tier against the database (all rows, or a random sample of ``sample`` rows per
-    binding); each mismatch is checked again after ``window_ms``: still wrong -> stale, else in flight."""
+    binding); each wrong entry is read again after ``window_ms`` and judged against what its row was at
+    the first read (module docstring). ``version_source`` is the connector's
+    (``FRESHKEY_CONNECTOR_VERSION_SOURCE``). Never raises for one binding's or one key's problem: those
+    are reported unverifiable and the others are checked."""
     rng = random.Random(seed)
     reports: list[VerifyReport] = []
-    suspects: list[tuple[VerifyReport, Binding, tuple[str, ...], RedisClient, str, list[Any]]] = []
+    suspects: list[_Suspect] = []
     signatures = await read_signatures(tiers[0][1], prefix, [b.namespace for b in bindings]) if tiers else {}
     registry = (
         ModelRegistry(Bindings(bindings=tuple(bindings)), prefix=prefix, device="cpu") if bindings else None
     )
     for binding in bindings:
-        key_columns = binding.key_columns or primary_key(mysql, binding.database, binding.table_name)
-        if not key_columns:
-            raise ValueError(f"{binding.table} has no primary key: name key_columns in its binding")
-        rows = list(read_table(mysql, binding.database, binding.table_name))
+        floor: int | None = None
+        rule = ""
+        rows: list[dict[str, Any]] = []
+        try:
+            key_columns, problem = _check_binding(mysql, binding)
+            if problem is None:
+                # The position is read before the rows: every change the rows show but the position
+                # does not was committed after it, so its version is at or above the floor.
+                floor, rule = _first_position(mysql, binding, version_source)
+                rows = list(read_table(mysql, binding.database, binding.table_name))
+        except pymysql.err.MySQLError as exc:
+            problem = f"cannot read {binding.table}: {_mysql_message(exc)}"
+        if problem is not None:
+            report = VerifyReport(binding.namespace, tier="all", unverifiable=problem)
+            report._example(f"unverifiable: {problem}")
+            reports.append(report)
+            continue
         if sample is not None and len(rows) > sample:
             rows = rng.sample(rows, sample)
             full = False
@@ -227,7 +532,7 @@ async def run_verification(
                 keys = semantic_keys([KeyRequest(binding, model, r) for r in rows], prefix)
                 by_key = {k: r for k, r in zip(keys, rows, strict=True) if isinstance(k, str)}
         for tier_name, client in tiers:
-            report = VerifyReport(binding.namespace, tier=tier_name, rows=len(rows))
+            report = VerifyReport(binding.namespace, tier=tier_name, rows=len(rows), rule=rule)
             report.versions_checked = binding.version_column is not None
             entries = await _entries(client, list(by_key))
             if full:
@@ -241,35 +546,89 @@ async def run_verification(
             report.entries = sum(e is not None for e in entries.values())
             for key, entry in entries.items():
                 row = by_key.get(key)
-                verdict, reason = judge(binding, row, entry)
+                try:
+                    verdict, _ = judge(binding, row, entry)
+                except VersionError as exc:
+                    report.unverifiable_keys += 1
+                    report._example(f"unverifiable: {key}: {exc}")
+                    continue
                 if verdict is Verdict.MISSING:
                     report.missing += 1
                     continue
                 report.checked += 1
-                if verdict is Verdict.STALE:
-                    values = [row[c] for c in key_columns] if row else _key_values(key)
-                    suspects.append((report, binding, key_columns, client, key, values))
+                if verdict is not Verdict.STALE:
+                    continue
+                if row is not None:
+                    values = [row[c] for c in key_columns]
+                    ref = row_key(values)
+                else:
+                    ref = key[len(namespace_prefix(prefix, binding.namespace)) :]
+                    values = [unquote(part) for part in ref.split("/")]
+                    if len(values) != len(key_columns):
+                        report.checked -= 1
+                        report.unverifiable_keys += 1
+                        report._example(
+                            f"unverifiable: {key}: {len(values)} key parts for {len(key_columns)} "
+                            f"key columns ({', '.join(key_columns)}): no row can have this key"
+                        )
+                        continue
+                suspects.append(
+                    _Suspect(report, binding, key_columns, client, key, ref, values, FirstRead(row, floor))
+                )
             reports.append(report)
     if suspects:
         await asyncio.sleep(window_ms / 1000)
-    for report, binding, key_columns, client, key, values in suspects:
-        rows_now = (
-            read_rows(mysql, binding.database, binding.table_name, key_columns, [values]) if values else []
-        )
-        entry_now = (await _entries(client, [key]))[key]
-        state = signatures.get(binding.namespace)
-        if entry_now is not None and (entry_now.signature or "") != (state.active_signature if state else ""):
-            entry_now = None
-        verdict, reason = judge(binding, rows_now[0] if rows_now else None, entry_now)
-        if verdict is Verdict.STALE:
-            report.stale += 1
-            report._example(f"stale after {window_ms:.0f} ms: {key}: {reason}")
-        else:
-            report.in_flight += 1
+        await _recheck(mysql, suspects, signatures, window_ms)
     return Verification(window_ms, reports)
 
 
-def _key_values(key: str) -> list[Any]:
-    """Row key values from an entry key (for re-reading a row an entry claims exists)."""
-    row_part = key.split("}:", 1)[1]
-    return [unquote(part) for part in row_part.split("/")]
+async def _recheck(
+    mysql: MySQLSettings, suspects: Sequence[_Suspect], signatures: Mapping[str, Any], window_ms: float
+) -> None:
+    """Read every suspect's row (one query per binding) and entry (one pipeline per tier) again."""
+    by_binding: dict[str, list[_Suspect]] = {}
+    for suspect in suspects:
+        by_binding.setdefault(suspect.binding.namespace, []).append(suspect)
+    rows_now: dict[str, dict[str, Mapping[str, Any]] | None] = {}
+    for namespace, group in by_binding.items():
+        binding, key_columns = group[0].binding, group[0].key_columns
+        wanted = list({s.ref: s.values for s in group}.values())
+        try:
+            found = read_rows(mysql, binding.database, binding.table_name, key_columns, wanted)
+        except pymysql.err.MySQLError as exc:
+            rows_now[namespace] = None
+            for suspect in group:
+                suspect.report._example(f"unverifiable: {suspect.key}: re-read failed: {_mysql_message(exc)}")
+            continue
+        # By exact row key: a case-insensitive column returns 'café' for 'CAFÉ', which is another key.
+        rows_now[namespace] = {row_key([r[c] for c in key_columns]): r for r in found}
+    by_client: dict[int, tuple[RedisClient, list[str]]] = {}
+    for suspect in suspects:
+        by_client.setdefault(id(suspect.client), (suspect.client, []))[1].append(suspect.key)
+    entries_now: dict[tuple[int, str], Entry | None] = {}
+    for client_id, (client, keys) in by_client.items():
+        for key, entry in (await _entries(client, list(dict.fromkeys(keys)))).items():
+            entries_now[(client_id, key)] = entry
+    for suspect in suspects:
+        report, binding = suspect.report, suspect.binding
+        found_rows = rows_now[binding.namespace]
+        if found_rows is None:
+            report.checked -= 1
+            report.unverifiable_keys += 1
+            continue
+        entry = entries_now[(id(suspect.client), suspect.key)]
+        state = signatures.get(binding.namespace)
+        if entry is not None and (entry.signature or "") != (state.active_signature if state else ""):
+            entry = None
+        try:
+            verdict, reason = judge_after_window(binding, suspect.first, found_rows.get(suspect.ref), entry)
+        except VersionError as exc:
+            report.checked -= 1
+            report.unverifiable_keys += 1
+            report._example(f"unverifiable: {suspect.key}: {exc}")
+            continue
+        if verdict is Verdict.STALE:
+            report.stale += 1
+            report._example(f"stale after {window_ms:.0f} ms: {suspect.key}: {reason}")
+        else:
+            report.in_flight += 1
