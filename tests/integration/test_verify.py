@@ -261,3 +261,22 @@ def test_a_heartbeat_row_through_a_live_pipeline_is_never_stale_until_the_worker
     finally:
         stop.set()
         beating.join(timeout=10)
+
+
+def test_read_rows_takes_keys_in_their_json_form(make_pipeline: Callable[..., Pipeline]) -> None:
+    """Binary keys come base64 (as in events and cache keys), datetimes and decimals as strings."""
+    p = make_pipeline()
+    p.sql(
+        f"CREATE TABLE {p.database}.odd (b VARBINARY(16), t DATETIME(6), d DECIMAL(10, 2), note TEXT, "
+        "PRIMARY KEY (b, t, d))"
+    )
+    p.sql(
+        f"INSERT INTO {p.database}.odd VALUES (%s, '2024-01-02 03:04:05.000006', 12.50, 'x')", (b"\x00\xff",)
+    )
+    (row,) = read_table(_settings(p), p.database, "odd")
+    key = [row["b"], row["t"], row["d"]]
+    assert key == ["AP8=", "2024-01-02T03:04:05.000006", "12.50"]
+
+    found = read_rows(_settings(p), p.database, "odd", ["b", "t", "d"], [key, ["not base64!", row["t"], "1"]])
+
+    assert found == [row]
