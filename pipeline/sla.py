@@ -311,7 +311,7 @@ class _Figures:
 class ConsumerProgress:
     """How far this worker is behind on the change topic, in messages and in time, partition by partition.
 
-    The worker feeds it (see the README, "Watching it"): :meth:`on_received` for every message its agent
+    The worker (``pipeline/worker.py``) feeds it: :meth:`on_received` for every message its agent
     receives, :meth:`on_offset` (an ApplyObserver call) for every one it acknowledges,
     :meth:`set_assignment` with the change topic's partitions assigned to it, :meth:`set_high_watermarks`
     and, optionally, :meth:`set_committed` (the group's committed offsets, read from the broker) every
@@ -565,7 +565,21 @@ class ConsumerProgress:
     def report(self) -> dict[str, dict[str, Any]]:
         """The body of ``/freshkey/consumer-lag``: ``{"topic/partition": PartitionProgress JSON}``.
 
-        Never empty: a worker that knows nothing yet lists every partition (or the topic) as unknown.
+        Only the change topic; never empty: a worker that knows nothing yet lists every partition (or,
+        partition count unknown, ``"topic/?"``) as unknown. For example, before and after the group join::
+
+            {"freshkey.changes/0": {"topic": "freshkey.changes", "partition": 0, "state": "unknown",
+              "assigned": false, "lag": null, "age_ms": null, "acked_offset": 61999,
+              "highwater": 124000, "committed_offset": 62000, "group_lag": 62000,
+              "group_age_ms": 5012.0, "unknown_ms": null,
+              "reason": "not assigned to this worker yet (joining the group)"}, ...}
+            {"freshkey.changes/0": {"topic": "freshkey.changes", "partition": 0, "state": "stalled",
+              "assigned": true, "lag": 3, "age_ms": 2210.5, "acked_offset": 123996,
+              "highwater": 124000, "committed_offset": 123990, "group_lag": null,
+              "group_age_ms": null, "unknown_ms": null, "reason": null}, ...}
+
+        ``lag`` null means unknown, never "caught up"; a reader that wants one number per partition
+        takes ``lag`` and treats null as "behind by an unknown amount".
         """
         return {row.key: row.model_dump(mode="json") for row in self.snapshot().partitions}
 
