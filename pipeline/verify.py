@@ -578,17 +578,34 @@ async def run_verification(
             reports.append(report)
     if suspects:
         await asyncio.sleep(window_ms / 1000)
-        await _recheck(mysql, suspects, signatures, window_ms)
+        await _recheck(mysql, suspects, tiers[0][1], prefix, window_ms)
     return Verification(window_ms, reports)
 
 
 async def _recheck(
-    mysql: MySQLSettings, suspects: Sequence[_Suspect], signatures: Mapping[str, Any], window_ms: float
+    mysql: MySQLSettings,
+    suspects: Sequence[_Suspect],
+    signature_client: RedisClient,
+    prefix: str,
+    window_ms: float,
 ) -> None:
-    """Read every suspect's row (one query per binding) and entry (one pipeline per tier) again."""
+    """Read every suspect's entry (one pipeline per tier) and then its row (one query per binding) again.
+
+    Entries first: a row read after its entry is at least as new as any change the entry can hold, so an
+    entry newer than the row is wrong, never a race of the two reads. Signatures are read again too: an
+    entry of a signature that stopped being active during the window is not served any more.
+    """
+    by_client: dict[int, tuple[RedisClient, list[str]]] = {}
+    for suspect in suspects:
+        by_client.setdefault(id(suspect.client), (suspect.client, []))[1].append(suspect.key)
+    entries_now: dict[tuple[int, str], Entry | None] = {}
+    for client_id, (client, keys) in by_client.items():
+        for key, entry in (await _entries(client, list(dict.fromkeys(keys)))).items():
+            entries_now[(client_id, key)] = entry
     by_binding: dict[str, list[_Suspect]] = {}
     for suspect in suspects:
         by_binding.setdefault(suspect.binding.namespace, []).append(suspect)
+    signatures = await read_signatures(signature_client, prefix, list(by_binding))
     rows_now: dict[str, dict[str, Mapping[str, Any]] | None] = {}
     for namespace, group in by_binding.items():
         binding, key_columns = group[0].binding, group[0].key_columns
@@ -602,13 +619,6 @@ async def _recheck(
             continue
         # By exact row key: a case-insensitive column returns 'café' for 'CAFÉ', which is another key.
         rows_now[namespace] = {row_key([r[c] for c in key_columns]): r for r in found}
-    by_client: dict[int, tuple[RedisClient, list[str]]] = {}
-    for suspect in suspects:
-        by_client.setdefault(id(suspect.client), (suspect.client, []))[1].append(suspect.key)
-    entries_now: dict[tuple[int, str], Entry | None] = {}
-    for client_id, (client, keys) in by_client.items():
-        for key, entry in (await _entries(client, list(dict.fromkeys(keys)))).items():
-            entries_now[(client_id, key)] = entry
     for suspect in suspects:
         report, binding = suspect.report, suspect.binding
         found_rows = rows_now[binding.namespace]

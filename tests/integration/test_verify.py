@@ -65,12 +65,22 @@ def test_verify_finds_nothing_then_a_stale_entry_then_an_in_flight_one(
     assert stale["nines"] == pytest.approx(1.48, abs=0.01)
 
     p.redis.hset(p.key(7), mapping={"d": b'{"stale":true}'})
-    # The "change" arrives 4 s later: after the verifier's first look (it starts in ~2 s), inside its
-    # 8 s window. Seen once, fixed on the re-check: in flight, not stale.
-    fixer = threading.Timer(4.0, lambda: p.redis.hset(p.key(7), mapping=good))
+    # The "change" arrives right after the verifier's first look at the entry (seen with MONITOR), inside
+    # its window: seen once, fixed on the re-check: in flight, not stale.
+    watching = threading.Event()
+
+    def fix_after_first_look() -> None:
+        with p.redis.monitor() as monitor:
+            watching.set()
+            while not monitor.next_command()["command"].startswith(f"HGETALL {p.key(7)}"):
+                pass
+        p.redis.hset(p.key(7), mapping=good)
+
+    fixer = threading.Thread(target=fix_after_first_look, daemon=True)
     fixer.start()
-    code, flight, output = _verify(p, tmp_path / "flight.json", "--window-ms", "8000")
-    fixer.join()
+    assert watching.wait(10)
+    code, flight, output = _verify(p, tmp_path / "flight.json", "--window-ms", "3000")
+    fixer.join(timeout=10)
     assert code == 0 and flight["stale"] == 0 and flight["in_flight"] == 1, output
 
     stats = p.stats() or {}
@@ -202,10 +212,14 @@ def test_keys_a_latin1_column_cannot_hold_are_rows_that_do_not_exist(
     assert stale_keys == {emoji, upper, wrong}, report["examples"]
 
 
+@pytest.mark.parametrize("version_column", [False, True], ids=["binlog-versions", "version-column"])
 def test_a_heartbeat_row_through_a_live_pipeline_is_never_stale_until_the_worker_stops(
-    make_pipeline: Callable[..., Pipeline],
+    make_pipeline: Callable[..., Pipeline], version_column: bool
 ) -> None:
-    p = make_pipeline()  # binlog versions: the floor read before the first read tells in flight from stale
+    # Binlog versions: the floor read before the first read tells in flight from stale. Version column:
+    # the row's own version at the first read does, and entries are re-read before rows (an entry newer
+    # than a row read after it would be wrong).
+    p = make_pipeline(version_column=version_column)
     p.start("connector")
     p.start("worker")
     for i in range(12):
