@@ -75,9 +75,9 @@ from pipeline.observe import (
     Observers,
 )
 from pipeline.settings import HotnessSettings, ModelSettings, WorkerSettings
-from pipeline.sla import SlaEvaluator, SlaSettings, SlaViolation
+from pipeline.sla import ConsumerProgress, SlaEvaluator, SlaSettings, SlaViolation
 from pipeline.stats import WorkerStats
-from pipeline.telemetry import OtelObserver, TelemetrySettings, configure_telemetry
+from pipeline.telemetry import BrokerOffsets, OtelObserver, TelemetrySettings, configure_telemetry
 from pipeline.web import install_dashboard
 from schemas import Binding, Bindings, ChangeEvent, DdlEvent, DecodeError, decode, encode
 from schemas.codec import DEAD_LETTER_KEY_BYTES, dead_letter
@@ -494,14 +494,26 @@ def create_app(
     heartbeat_binding = bindings.for_table(heartbeat.database, heartbeat.table)
     # create_app is the worker's entry point (``freshkey worker``): it installs the OpenTelemetry SDK.
     configure_telemetry(telemetry_settings, service="worker")
+    # Consumer lag in messages and in time on the change topic (pipeline.sla.ConsumerProgress): fed by
+    # the agent (received), the observers (acknowledged) and refresh_progress (assignment, figures).
+    progress = ConsumerProgress(
+        kafka.change_topic,
+        partitions=kafka.partitions,
+        window_ms=sla_settings.window_ms,
+        refresh_interval_s=telemetry_settings.consumer_lag_interval_s,
+    )
+    broker_offsets = BrokerOffsets(kafka.bootstrap, group_id=worker.app_id, topic=kafka.change_topic)
     sla = SlaEvaluator(
         sla_settings,
+        progress=progress,
         worker=f"{socket.gethostname()}:{worker.web_port}",
         heartbeat_namespace=heartbeat_binding.namespace if heartbeat_binding else None,
         heartbeat_interval_ms=heartbeat.interval_ms,
     )
     otel = OtelObserver(trace_sample_every=telemetry_settings.trace_sample_every)
     otel.watch_sla(lambda: sla.state)
+    otel.watch_progress(progress)
+    processor.observers.add(progress)
     processor.observers.add(sla)
     processor.observers.add(otel)
     violations_topic = app.topic(sla_settings.violations_topic, internal=False)
@@ -528,15 +540,45 @@ def create_app(
             await violations_topic.send(key=sla.worker.encode(), value=pending_violations[0].to_json())
             pending_violations.pop(0)
 
-    @app.timer(telemetry_settings.consumer_lag_interval_s)
-    async def sample_high_watermarks() -> None:
+    async def refresh_progress() -> None:
+        """Feed ConsumerProgress: the change topic's partitions assigned here, every partition's high
+        watermark (the consumer's fetch figure where it has one, else the broker's) and the group's
+        committed offsets. What cannot be read stays unknown, and counts against the SLA."""
+        assigned: list[Any] = []
         try:
             assigned = [tp for tp in app.consumer.assignment() if tp.topic == kafka.change_topic]
-            highs = {tp.partition: app.consumer.highwater(tp) for tp in assigned}
-        except Exception as exc:  # not started yet, or rebalancing: try again at the next tick
-            log.debug("no high watermarks: %r", exc)
-            return
-        otel.set_high_watermarks(kafka.change_topic, {p: h for p, h in highs.items() if h is not None})
+        except Exception as exc:  # the consumer has not started: nothing is assigned
+            log.debug("no assignment yet: %r", exc)
+        progress.set_assignment(tp.partition for tp in assigned)
+        highs: dict[int, int] = {}
+        for tp in assigned:
+            try:
+                high = app.consumer.highwater(tp)
+            except Exception:  # not fetched yet, or rebalancing
+                continue
+            if isinstance(high, int) and high >= 0:
+                highs[tp.partition] = high
+        try:
+            figures = await asyncio.to_thread(broker_offsets.read)
+        except Exception as exc:  # broker unreachable or slow: the figures stay as they were
+            log.debug("no offsets from the broker: %r", exc)
+        else:
+            progress.set_committed(figures.committed)
+            for partition, high in figures.highs.items():
+                highs[partition] = max(high, highs.get(partition, high))
+        progress.set_high_watermarks(highs)
+
+    @app.timer(telemetry_settings.consumer_lag_interval_s)
+    async def sample_high_watermarks() -> None:
+        await refresh_progress()
+
+    async def on_partitions_assigned(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
+        # Right after each rebalance (even one that leaves this worker nothing): the timer only ticks
+        # every interval.
+        assigned = args[0] if args else kwargs.get("assigned", ())
+        progress.set_assignment(tp.partition for tp in assigned if tp.topic == kafka.change_topic)
+
+    app.on_partitions_assigned.connect(on_partitions_assigned)
 
     # -- end of SLA evaluation and OpenTelemetry ------------------------------------------------------
 
@@ -741,6 +783,14 @@ def create_app(
         )
         try:
             async for events in batches:
+                for event in events:  # before anything can block: a wedged batch shows its age
+                    message = event.message
+                    progress.on_received(
+                        message.topic,
+                        message.partition,
+                        message.offset,
+                        message.timestamp * 1000 if message.timestamp else None,
+                    )
                 await tiers_ready.wait()
                 try:
                     await handle(events)
@@ -769,7 +819,13 @@ def create_app(
 
     @app.page("/freshkey/stats")
     async def stats_page(web: Any, request: Any) -> Any:
-        return web.json(processor.stats.snapshot())
+        """Counts and lag figures (pipeline.stats), each tier's health (ok, failing, fenced) and whether
+        the dead-letter topic is blocking consumption."""
+        body = processor.stats.snapshot()
+        body["tiers"] = {name: guard.snapshot() for name, guard in processor.guards.items()}
+        blocked = dead_letter_state["blocked_since"]
+        body["dead_letters_blocked_s"] = None if blocked is None else round(time.time() - blocked, 3)
+        return web.json(body)
 
     @app.page("/freshkey/sla")
     async def sla_page(web: Any, request: Any) -> Any:
@@ -778,8 +834,8 @@ def create_app(
 
     @app.page("/freshkey/consumer-lag")
     async def consumer_lag_page(web: Any, request: Any) -> Any:
-        """``{"topic/partition": messages not yet applied}`` for the partitions this worker owns."""
-        return web.json({f"{t}/{p}": lag for (t, p), lag in sorted(otel.consumer_lag().items())})
+        """``{"topic/partition": pipeline.sla.PartitionProgress JSON}`` (see the README)."""
+        return web.json(progress.report())
 
     # -- model updates, hotness and cutovers (issue 4) ------------------------------------------------
     model_settings = load_model_settings()
@@ -937,7 +993,7 @@ def create_app(
         """Entries with hit counts in this worker's partitions of the hotness table."""
         return web.json({"entries": len(hot_table)})
 
-    install_dashboard(app, processor)
+    install_dashboard(app, processor, progress=progress)
     return app, processor
 
 
