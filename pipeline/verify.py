@@ -527,7 +527,12 @@ async def run_verification(
             # that are gone cannot be told from other rows' entries, so there is no full scan.
             full = False
             by_key = {}
-            if state is not None and state.active is not None and registry is not None:
+            if (
+                state is not None
+                and state.active is not None
+                and state.active.update
+                and registry is not None
+            ):
                 model = await registry.state(state.active, binding)
                 keys = semantic_keys([KeyRequest(binding, model, r) for r in rows], prefix)
                 by_key = {k: r for k, r in zip(keys, rows, strict=True) if isinstance(k, str)}
