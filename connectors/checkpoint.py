@@ -14,8 +14,11 @@ import json
 import os
 import threading
 from collections import deque
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from connectors.exceptions import ConfigurationError
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +33,27 @@ class BinlogPosition:
         return {"file": self.file, "pos": self.pos, "gtid": self.gtid}
 
 
+class CheckpointError(ConfigurationError, ValueError):
+    """The checkpoint file cannot be read; the message names the file and what to do."""
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointState:
+    """Everything the checkpoint file records.
+
+    ``topic_ends``: for ``change_topic``, partition -> the offset after the newest event Kafka
+    acknowledged there. A later session that finds a partition's end *below* it knows the topic lost
+    acknowledged events (a broker that lost its data, a topic deleted and recreated), even when someone
+    else recreated the topic meanwhile. ``pending_gap``: a gap was found and the fence hook has not yet
+    returned; until it does, every session calls it again before producing anything.
+    """
+
+    position: BinlogPosition
+    change_topic: str | None = None
+    topic_ends: Mapping[int, int] = field(default_factory=dict)
+    pending_gap: str | None = None
+
+
 class CheckpointStore:
     """A JSON file, replaced atomically (write to a temporary file, fsync, rename)."""
 
@@ -37,25 +61,55 @@ class CheckpointStore:
         self.path = path
 
     def load(self) -> BinlogPosition | None:
+        """The saved position, or None when there is no checkpoint yet."""
+        state = self.load_state()
+        return state.position if state is not None else None
+
+    def load_state(self) -> CheckpointState | None:
+        """The saved state, or None when there is no checkpoint yet; CheckpointError when unreadable."""
         try:
             data = json.loads(self.path.read_text())
             gtid = data.get("gtid")
-            return BinlogPosition(
+            position = BinlogPosition(
                 file=str(data["file"]), pos=int(data["pos"]), gtid=str(gtid) if gtid is not None else None
+            )
+            topic = data.get("change_topic")
+            ends = {int(p): int(o) for p, o in (data.get("topic_ends") or {}).items()}
+            gap = data.get("pending_gap")
+            return CheckpointState(
+                position=position,
+                change_topic=str(topic) if topic is not None else None,
+                topic_ends=ends,
+                pending_gap=str(gap) if gap is not None else None,
             )
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise ValueError(
+            raise CheckpointError(
                 f"checkpoint file {self.path} is unreadable ({exc!r}); move it away to restart "
-                "from the current binlog position, or fix it"
+                "from the current binlog position (changes since the lost checkpoint are then not "
+                "replayed: prefer `freshkey connector --accept-gap`, which fences the caches), or fix it"
             ) from None
 
-    def save(self, position: BinlogPosition) -> None:
+    def save(
+        self,
+        position: BinlogPosition,
+        *,
+        change_topic: str | None = None,
+        topic_ends: Mapping[int, int] | None = None,
+        pending_gap: str | None = None,
+    ) -> None:
+        """Replace the checkpoint; the optional fields are written only when given."""
+        data = position.to_json()
+        if change_topic is not None:
+            data["change_topic"] = change_topic
+            data["topic_ends"] = {str(p): o for p, o in sorted((topic_ends or {}).items())}
+        if pending_gap is not None:
+            data["pending_gap"] = pending_gap
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + ".tmp")
         with tmp.open("w") as fh:
-            json.dump(position.to_json(), fh)
+            json.dump(data, fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, self.path)

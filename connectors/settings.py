@@ -118,3 +118,42 @@ class ConnectorSettings(BaseSettings):
     start_from: Literal["current", "earliest"] = Field(
         "current", description="Where a connector without a checkpoint starts reading the binlog."
     )
+    retry_initial_backoff_s: float = Field(
+        0.5,
+        gt=0,
+        description="Wait before the first new session after a lost database or broker; it doubles with "
+        "every consecutive failure (with jitter) up to retry_max_backoff_s.",
+    )
+    retry_max_backoff_s: float = Field(
+        30.0, gt=0, description="Longest wait between two sessions while a database or broker is away."
+    )
+    retry_max_attempts: int = Field(
+        0,
+        ge=0,
+        description="Consecutive failed sessions before the connector gives up (exit 1); 0 = never give up.",
+    )
+    delivery_timeout_s: float = Field(
+        30.0,
+        ge=1,
+        description="How long Kafka may take to acknowledge an event (librdkafka message.timeout.ms) before "
+        "the session ends and a new one replays from the checkpoint.",
+    )
+    kafka_timeout_s: float = Field(
+        10.0, gt=0, description="Timeout of the broker requests a session starts with (topics, offsets)."
+    )
+    mysql_read_timeout_s: float = Field(
+        30.0,
+        ge=5,
+        description="A binlog connection silent this long (the server sends a heartbeat every second) "
+        "counts as lost; the session ends and a new one resumes from the checkpoint.",
+    )
+
+    @model_validator(mode="after")
+    def _backoff_order(self) -> ConnectorSettings:
+        if self.retry_max_backoff_s < self.retry_initial_backoff_s:
+            raise ValueError(
+                f"FRESHKEY_CONNECTOR_RETRY_MAX_BACKOFF_S ({self.retry_max_backoff_s}) is below "
+                f"FRESHKEY_CONNECTOR_RETRY_INITIAL_BACKOFF_S ({self.retry_initial_backoff_s}); raise the "
+                "first or lower the second"
+            )
+        return self
