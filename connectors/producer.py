@@ -1,75 +1,282 @@
-"""Kafka producer of change events: idempotent, keyed so that one row's events stay on one partition."""
+"""Kafka producer of change events: idempotent, keyed so that one row's events stay on one partition.
+
+What it guarantees to the connector:
+
+- an event is reported delivered (``on_delivered``) only once Kafka acknowledged it (acks=all);
+- a message over the size limit never raises nor fails the producer: whether librdkafka refuses it at
+  ``produce()`` or the broker refuses it later (a broker limit below ours), ``on_too_large`` is called
+  (on the caller's thread, from :meth:`ChangeProducer.raise_if_failed`) so that the caller sends a
+  smaller replacement that acknowledges the same event;
+- every other failure (a delivery that failed, a fatal producer error such as UNKNOWN_PRODUCER_ID after
+  a broker lost its state, every broker down while events wait) is kept and raised by
+  :meth:`ChangeProducer.raise_if_failed` as a retriable :class:`DeliveryError` or
+  :class:`KafkaUnavailableError`, or as a :class:`ConfigurationError` for credentials and
+  authorizations; the caller then closes this producer and starts over from its checkpoint.
+"""
 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable
 
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from connectors.exceptions import DeliveryError
+from connectors.exceptions import (
+    KAFKA_CONFIGURATION_CODES,
+    ConfigurationError,
+    ConnectorError,
+    DeliveryError,
+    KafkaUnavailableError,
+    kafka_error_code,
+)
 from connectors.settings import KafkaSettings
+from connectors.topics import LIBRDKAFKA_LOGGER
 
 log = logging.getLogger(__name__)
 
 OnDelivered = Callable[[], None]
+OnTooLarge = Callable[[], None]
+
+RECORD_OVERHEAD_BYTES = 1024
+"""Room kept under ``message.max.bytes`` for the record and batch headers around key and value
+(librdkafka counts some of them: measured here, key + value + about 90 bytes)."""
+
+_PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
+_UNREACHABLE = frozenset({KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN})
+UNREACHABLE_AFTER_S = 5.0
+"""Events waiting this long without any acknowledgement while librdkafka reports the brokers
+unreachable end the session (rather than waiting for the delivery timeout)."""
+
+
+class MessageLimit:
+    """The largest key + value freshkey sends: FRESHKEY_KAFKA_MAX_MESSAGE_BYTES less room for headers,
+    lowered below the smallest message a broker refused as too large (a broker or topic whose limit is
+    under ours), so that a replay after a restart does not send that message again. Thread-safe."""
+
+    def __init__(self, max_message_bytes: int) -> None:
+        self._lock = threading.Lock()
+        self.configured = max_message_bytes
+        self._limit = max_message_bytes - RECORD_OVERHEAD_BYTES
+
+    @property
+    def max_bytes(self) -> int:
+        with self._lock:
+            return self._limit
+
+    def fits(self, key: bytes, value: bytes) -> bool:
+        """True when a message with this key and value is under the limit."""
+        return len(key) + len(value) <= self.max_bytes
+
+    def refused(self, size: int) -> bool:
+        """A broker refused a message of ``size`` bytes (key + value); True when the limit went down."""
+        with self._lock:
+            if size - 1 < self._limit:
+                self._limit = max(0, size - 1)
+                return True
+            return False
 
 
 class ChangeProducer:
     """Wraps confluent-kafka's Producer with idempotence on (acks=all, no reordering on retry).
 
-    Delivery callbacks run on a background poll thread; a permanent delivery failure is kept and raised
-    by :meth:`raise_if_failed`, so the connector stops without moving its checkpoint past the event.
+    Delivery callbacks run on a background poll thread. Topics are never auto-created by producing
+    (``allow.auto.create.topics`` off): a topic that vanished fails its deliveries instead of coming
+    back with the broker's default partition count.
     """
 
-    def __init__(self, settings: KafkaSettings, *, linger_ms: float = 2.0) -> None:
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        *,
+        linger_ms: float = 2.0,
+        delivery_timeout_s: float = 120.0,
+        limit: MessageLimit | None = None,
+    ) -> None:
+        self._bootstrap = settings.bootstrap
+        self.limit = limit if limit is not None else MessageLimit(settings.max_message_bytes)
         self._producer = Producer(
             {
                 "bootstrap.servers": settings.bootstrap,
                 "enable.idempotence": True,
                 "acks": "all",
                 "linger.ms": linger_ms,
-                "message.timeout.ms": 120_000,
+                "message.timeout.ms": int(delivery_timeout_s * 1000),
                 "queue.buffering.max.messages": 1_000_000,
+                "message.max.bytes": settings.max_message_bytes,
+                "allow.auto.create.topics": False,
+                "error_cb": self._on_error,
+                "logger": LIBRDKAFKA_LOGGER,
             }
         )
-        self._failure: DeliveryError | None = None
+        self._failure: ConnectorError | None = None
+        self._last_error = ""
+        self._progress_at = time.monotonic()  # last acknowledgement, or when events started to wait
+        self._ends: dict[tuple[str, int], int] = {}
+        self._ends_lock = threading.Lock()
+        self._replacements: queue.SimpleQueue[OnTooLarge] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._poller = threading.Thread(target=self._poll_loop, name="kafka-delivery", daemon=True)
         self._poller.start()
 
+    # -- background ---------------------------------------------------------------------------------------
     def _poll_loop(self) -> None:
         while not self._stop.is_set():
-            self._producer.poll(0.05)
+            try:
+                self._producer.poll(0.05)
+            except KafkaException as exc:  # a fatal error is raised from poll() as well
+                self._fail(DeliveryError(f"the Kafka producer failed: {exc.args[0] if exc.args else exc}"))
+                self._stop.wait(0.05)
 
-    def produce(self, topic: str, key: bytes, value: bytes, on_delivered: OnDelivered) -> None:
+    def _fail(self, failure: ConnectorError) -> None:
+        if self._failure is None:  # the first failure is the cause; the rest follow from it
+            self._failure = failure
+            log.debug("%s", failure)
+
+    def _on_error(self, err: KafkaError) -> None:
+        """librdkafka's error callback (poll thread): fatal errors, brokers down, authentication."""
+        self._last_error = err.str()
+        code = err.code()
+        if code in KAFKA_CONFIGURATION_CODES:
+            self._fail(ConfigurationError(f"Kafka at {self._bootstrap} refused freshkey: {err.str()}"))
+        elif err.fatal():
+            self._fail(DeliveryError(f"the Kafka producer failed for good: {err.str()}"))
+        elif (
+            code in _UNREACHABLE
+            and len(self._producer) > 0
+            and time.monotonic() - self._progress_at > UNREACHABLE_AFTER_S
+        ):
+            # Events wait and no broker answers: end the session rather than wait for the delivery
+            # timeout. An idle producer whose connection was closed is not an outage: nothing waits.
+            self._fail(KafkaUnavailableError(f"Kafka at {self._bootstrap} is unreachable: {err.str()}"))
+        else:
+            log.debug("librdkafka: %s", err.str())
+
+    def _delivered(
+        self, topic: str, size: int, on_delivered: OnDelivered, on_too_large: OnTooLarge | None
+    ) -> Callable[[KafkaError | None, Message], None]:
         def callback(err: KafkaError | None, msg: Message) -> None:
             if err is None:
+                offset, partition = msg.offset(), msg.partition()
+                if offset is not None and partition is not None and offset >= 0:
+                    with self._ends_lock:
+                        if offset + 1 > self._ends.get((topic, partition), 0):
+                            self._ends[(topic, partition)] = offset + 1
+                self._progress_at = time.monotonic()
                 on_delivered()
-            elif self._failure is None:
-                self._failure = DeliveryError(f"Kafka did not accept an event for {topic!r}: {err}")
-                log.error("%s", self._failure)
+                return
+            self.on_delivery_error(err, topic, size, on_too_large)
 
+        return callback
+
+    def on_delivery_error(
+        self, err: KafkaError, topic: str, size: int, on_too_large: OnTooLarge | None
+    ) -> None:
+        """What a failed delivery report does (poll thread); public for the tests, which cannot make a
+        broker refuse a size."""
+        code = err.code()
+        if code in _PURGED:
+            return  # purged by close(purge=True): the session is over already
+        if code == KafkaError.MSG_SIZE_TOO_LARGE:
+            if self.limit.refused(size):
+                log.warning(
+                    "Kafka refused a message of %d bytes as too large, under FRESHKEY_KAFKA_MAX_MESSAGE_BYTES"
+                    "=%d: set it to the broker's (and topic's) max.message.bytes; larger changes are sent "
+                    "as invalidations from now on",
+                    size,
+                    self.limit.configured,
+                )
+            if on_too_large is not None:
+                self._replacements.put(on_too_large)
+                return
+        if code in KAFKA_CONFIGURATION_CODES:
+            self._fail(ConfigurationError(f"Kafka refused an event for {topic!r}: {err.str()}"))
+        else:
+            self._fail(DeliveryError(f"Kafka did not accept an event for {topic!r}: {err.str()}"))
+
+    # -- the caller's thread ---------------------------------------------------------------------------
+    def produce(
+        self,
+        topic: str,
+        key: bytes,
+        value: bytes,
+        on_delivered: OnDelivered,
+        *,
+        on_too_large: OnTooLarge | None = None,
+    ) -> None:
+        """Queue a message. Too large for librdkafka: ``on_too_large()`` at once (when given)."""
+        callback = self._delivered(topic, len(key) + len(value), on_delivered, on_too_large)
+        if len(self._producer) == 0:
+            self._progress_at = time.monotonic()  # nothing was waiting: the wait starts now
         while True:
             try:
                 self._producer.produce(topic, value=value, key=key, on_delivery=callback)
                 return
             except BufferError:
+                self.raise_if_failed()
                 time.sleep(0.01)  # the poll thread drains the queue
+            except KafkaException as exc:
+                if kafka_error_code(exc) == KafkaError.MSG_SIZE_TOO_LARGE and on_too_large is not None:
+                    on_too_large()
+                    return
+                raise
 
     def raise_if_failed(self) -> None:
+        """Send the replacements of messages the broker found too large, then raise a kept failure."""
+        while True:
+            try:
+                replace = self._replacements.get_nowait()
+            except queue.Empty:
+                break
+            replace()
         if self._failure is not None:
             raise self._failure
 
+    @property
+    def last_error(self) -> str:
+        """The last error librdkafka reported (transport errors included), for messages."""
+        return self._last_error
+
+    def acked_ends(self, topic: str) -> dict[int, int]:
+        """Partition -> the offset after the newest acknowledged message of ``topic``, this producer."""
+        with self._ends_lock:
+            return {p: end for (t, p), end in self._ends.items() if t == topic}
+
     def flush(self, timeout_s: float) -> int:
         """Wait for outstanding deliveries; returns how many are still unacknowledged."""
-        remaining: int = self._producer.flush(timeout_s)
-        return remaining
+        deadline = time.monotonic() + timeout_s
+        while True:
+            while True:  # replacements produced now are flushed below as well
+                try:
+                    replace = self._replacements.get_nowait()
+                except queue.Empty:
+                    break
+                if self._failure is None:
+                    replace()
+            remaining: int = self._producer.flush(max(0.0, min(0.1, deadline - time.monotonic())))
+            if remaining == 0 and self._replacements.empty():
+                return 0
+            if time.monotonic() >= deadline:
+                return remaining
 
-    def close(self, timeout_s: float) -> int:
-        remaining = self.flush(timeout_s)
+    def close(self, timeout_s: float, *, purge: bool = False) -> int:
+        """Flush for up to ``timeout_s``, then (``purge``) drop what is left, and stop the poll thread.
+
+        Returns how many events were left unacknowledged; their checkpoint never moved past them.
+        """
+        try:
+            remaining = self.flush(timeout_s)
+        except KafkaException as exc:  # fatal: nothing more will be delivered
+            log.debug("flush at close: %r", exc)
+            remaining = len(self._producer)
+        if remaining and purge:
+            self._producer.purge(in_queue=True, in_flight=True)
+            try:
+                self._producer.flush(0.5)  # runs the purged messages' callbacks
+            except KafkaException as exc:
+                log.debug("flush after purge: %r", exc)
         self._stop.set()
         self._poller.join(timeout=2)
         return remaining

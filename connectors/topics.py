@@ -1,33 +1,73 @@
-"""Explicit topic creation: freshkey never relies on broker auto-creation (wrong partition counts)."""
+"""Explicit topic creation: freshkey never relies on broker auto-creation (wrong partition counts).
+
+Errors: a broker that does not answer raises :class:`KafkaUnavailableError` (retriable: a connector
+waits for it); a refusal that waiting cannot cure (an existing change topic with another partition
+count, a creation the broker forbids) raises :class:`ConfigurationError`.
+"""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
+from dataclasses import dataclass
 
-from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec  # type: ignore[attr-defined]
 
-from connectors.exceptions import ConfigurationError
+from connectors.exceptions import ConfigurationError, KafkaUnavailableError, retry_cause
 from connectors.settings import KafkaSettings
 
+log = logging.getLogger(__name__)
 
-def ensure_topics(
+
+class _QuietLibrdkafka(logging.LoggerAdapter[logging.Logger]):
+    """librdkafka's own log lines at DEBUG: while a broker is away it repeats "Connect to ... failed"
+    every second; freshkey says so itself, once per attempt, with what it does next."""
+
+    def log(self, level: int, msg: object, *args: object, **kwargs: object) -> None:
+        super().log(logging.DEBUG, msg, *args, **kwargs)  # type: ignore[arg-type]
+
+
+LIBRDKAFKA_LOGGER = _QuietLibrdkafka(logging.getLogger("connectors.librdkafka"), {})
+"""Passed as ``logger`` to every librdkafka client of the connectors (a duck-typed ``log`` method)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TopicsReport:
+    """What :func:`prepare_topics` found: partition counts, and the topics it had to create."""
+
+    partitions: dict[str, int]
+    created: list[str]
+
+
+def _admin(settings: KafkaSettings) -> AdminClient:
+    config = {"bootstrap.servers": settings.bootstrap, "logger": LIBRDKAFKA_LOGGER}
+    return AdminClient(config)  # type: ignore[arg-type]
+
+
+def _unavailable(settings: KafkaSettings, exc: KafkaException) -> KafkaUnavailableError:
+    return KafkaUnavailableError(
+        f"Kafka at {settings.bootstrap} does not answer ({exc.args[0] if exc.args else exc}); "
+        "check FRESHKEY_KAFKA_BOOTSTRAP if this lasts"
+    )
+
+
+def prepare_topics(
     settings: KafkaSettings, extra: Iterable[str] = (), *, timeout_s: float = 30.0
-) -> dict[str, int]:
-    """Create the change and dead-letter topics (and ``extra``) when missing.
+) -> TopicsReport:
+    """Create the change and dead-letter topics (and ``extra``) when missing; report what was created.
 
-    Returns topic -> partition count. An existing change topic with a different partition count than
-    configured is an error: the key -> partition mapping would silently change under a running pipeline.
+    An existing change topic with a different partition count than configured is a ConfigurationError:
+    the key -> partition mapping would silently change under a running pipeline.
     """
-    admin = AdminClient({"bootstrap.servers": settings.bootstrap})
+    admin = _admin(settings)
     wanted = [settings.change_topic, settings.dead_letter_topic, *extra]
     try:
         existing = admin.list_topics(timeout=timeout_s).topics
     except KafkaException as exc:
-        raise ConfigurationError(
-            f"cannot reach Kafka at {settings.bootstrap} ({exc}); set FRESHKEY_KAFKA_BOOTSTRAP"
-        ) from None
+        raise _unavailable(settings, exc) from None
     missing = [t for t in wanted if t not in existing]
+    created: list[str] = []
     if missing:
         futures = admin.create_topics(
             [NewTopic(t, settings.partitions, settings.replication_factor) for t in missing],
@@ -36,10 +76,21 @@ def ensure_topics(
         for topic, future in futures.items():
             try:
                 future.result(timeout=timeout_s)
+                created.append(topic)
             except KafkaException as exc:
-                if "TOPIC_ALREADY_EXISTS" not in str(exc):
-                    raise ConfigurationError(f"cannot create topic {topic!r}: {exc}") from None
-        existing = admin.list_topics(timeout=timeout_s).topics
+                if "TOPIC_ALREADY_EXISTS" in str(exc):
+                    continue  # created by someone else meanwhile (a worker starting at the same time)
+                if retry_cause(exc) is not None and "POLICY" not in str(exc):
+                    raise _unavailable(settings, exc) from None
+                raise ConfigurationError(f"cannot create topic {topic!r}: {exc}") from None
+            except TimeoutError:
+                raise KafkaUnavailableError(
+                    f"Kafka at {settings.bootstrap} did not create topic {topic!r} within {timeout_s:.0f} s"
+                ) from None
+        try:
+            existing = admin.list_topics(timeout=timeout_s).topics
+        except KafkaException as exc:
+            raise _unavailable(settings, exc) from None
     counts = {t: len(existing[t].partitions) for t in wanted if t in existing}
     have = counts.get(settings.change_topic)
     if have is not None and have != settings.partitions:
@@ -47,4 +98,34 @@ def ensure_topics(
             f"topic {settings.change_topic!r} has {have} partitions but FRESHKEY_KAFKA_PARTITIONS is "
             f"{settings.partitions}; set it to {have} (changing the count reorders rows across partitions)"
         )
-    return counts
+    return TopicsReport(partitions=counts, created=sorted(created))
+
+
+def ensure_topics(
+    settings: KafkaSettings, extra: Iterable[str] = (), *, timeout_s: float = 30.0
+) -> dict[str, int]:
+    """Create the change and dead-letter topics (and ``extra``) when missing; topic -> partition count."""
+    return prepare_topics(settings, extra, timeout_s=timeout_s).partitions
+
+
+def end_offsets(
+    settings: KafkaSettings, topic: str, partitions: int, *, timeout_s: float = 10.0
+) -> dict[int, int]:
+    """Partition -> offset of the next message to be written (the high watermark), from the broker."""
+    admin = _admin(settings)
+    latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+    futures = admin.list_offsets(
+        {TopicPartition(topic, p): latest for p in range(partitions)}, request_timeout=timeout_s
+    )
+    ends: dict[int, int] = {}
+    for tp, future in futures.items():
+        try:
+            ends[tp.partition] = int(future.result(timeout=timeout_s).offset)
+        except KafkaException as exc:
+            raise _unavailable(settings, exc) from None
+        except TimeoutError:
+            raise KafkaUnavailableError(
+                f"Kafka at {settings.bootstrap} did not report the end offsets of {topic!r} "
+                f"within {timeout_s:.0f} s"
+            ) from None
+    return ends
