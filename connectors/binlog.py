@@ -1,28 +1,50 @@
 """The binlog source: row events of the bound tables as change events, in binlog order.
 
 Reads with pymysqlreplication from a transaction boundary (file/position), and yields, in order:
-:class:`ChangeEvent` per row, :class:`DdlEvent` per schema change of an included database,
-:class:`DeadLetter` for rows it cannot turn into events (a table without a primary key), and a
-:class:`Boundary` after every committed transaction, which is where a checkpoint may point.
+:class:`ChangeEvent` per row, :class:`DdlEvent` per schema change that may touch a bound table (run in a
+bound database, or naming a bound ``db.table`` from anywhere), :class:`DeadLetter` for rows it cannot
+turn into events (a table without a primary key), a :class:`Boundary` after every committed
+transaction, which is where a checkpoint may point, and a :class:`Tick` whenever the server shows it is
+alive without a change (the stream's start, a heartbeat about every second while idle), so that the
+reader can check its other connections while the database is quiet.
+
+A position the server cannot serve any more (its file purged, error 1236) raises
+:class:`~connectors.exceptions.BinlogGapError`, whose message names the file needed, the oldest file
+the server still has and the ways on.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
+import re
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import pymysql
 from pydantic import ValidationError
 from pymysqlreplication import BinLogStreamReader
-from pymysqlreplication.event import GtidEvent, MariadbGtidEvent, QueryEvent, RotateEvent, XidEvent
+from pymysqlreplication.event import (
+    GtidEvent,
+    HeartbeatLogEvent,
+    MariadbGtidEvent,
+    QueryEvent,
+    RotateEvent,
+    XidEvent,
+)
 from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
 from connectors.checkpoint import BinlogPosition
-from connectors.exceptions import ConfigurationError
+from connectors.exceptions import (
+    BinlogGapError,
+    ConfigurationError,
+    DatabaseUnavailableError,
+    retry_cause,
+)
 from connectors.settings import MySQLSettings
 from schemas import (
     ChangeEvent,
@@ -50,12 +72,144 @@ class Boundary:
     position: BinlogPosition
 
 
-SourceItem = ChangeEvent | DdlEvent | DeadLetter | Boundary
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """The server is alive and the stream connected; nothing to produce."""
+
+
+SourceItem = ChangeEvent | DdlEvent | DeadLetter | Boundary | Tick
+
+ER_MASTER_FATAL_ERROR_READING_BINLOG = 1236
+"""The server cannot send the binlog from the asked position (purged file, impossible position...)."""
+
+ACCEPT_GAP_HINT = (
+    "run `freshkey connector --accept-gap`: it fences every bound namespace (nothing cached before is "
+    "served) and continues from the current binlog position; then run `freshkey snapshot` to refill"
+)
+
+
+def binary_logs(settings: MySQLSettings) -> list[tuple[str, int]]:
+    """The server's binlog files, oldest first, with their sizes (``SHOW BINARY LOGS``)."""
+    conn = _connect(settings)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SHOW BINARY LOGS")
+            return [(str(row[0]), int(row[1])) for row in cur.fetchall()]
+    finally:
+        conn.close()
+
+
+def position_problem(position: BinlogPosition, logs: Sequence[tuple[str, int]]) -> str | None:
+    """Why the server cannot serve the binlog from ``position`` (given its ``SHOW BINARY LOGS``), or
+    None when it can."""
+    if not logs:
+        return "the server lists no binary logs (is log_bin on?)"
+    sizes = dict(logs)
+    if position.file not in sizes:
+        oldest = logs[0][0]
+        if position.file < oldest:
+            return f"{position.file} has been purged; the oldest binlog the server still has is {oldest}"
+        return (
+            f"{position.file} is not on the server, whose binlogs are {oldest} to {logs[-1][0]} "
+            "(another server, or its binlog was reset)"
+        )
+    if position.pos > sizes[position.file]:
+        return (
+            f"position {position.pos} is past the end of {position.file} ({sizes[position.file]} bytes); "
+            f"the oldest binlog the server still has is {logs[0][0]}"
+        )
+    return None
+
+
+def gap_message(
+    position: BinlogPosition, problem: str, *, checkpoint: Path | str | None = None, detail: str = ""
+) -> str:
+    """The error a connector stops with when it cannot resume from ``position``."""
+    where = f" (checkpoint {checkpoint})" if checkpoint is not None else ""
+    said = f" The server said: {detail}." if detail else ""
+    return (
+        f"cannot resume the binlog at {position.file}:{position.pos}{where}: {problem}.{said} The changes "
+        "in between are lost to freshkey, so cached entries of the bound tables may be stale. Ways on: "
+        f"{ACCEPT_GAP_HINT}. To keep this from happening, keep binlogs longer than the connector may be "
+        "down (binlog_expire_logs_seconds on the server)."
+    )
+
+
+def check_position(
+    settings: MySQLSettings, position: BinlogPosition, *, checkpoint: Path | None = None
+) -> None:
+    """Raise :class:`BinlogGapError` when the server cannot serve the binlog from ``position``."""
+    problem = position_problem(position, binary_logs(settings))
+    if problem is not None:
+        raise BinlogGapError(gap_message(position, problem, checkpoint=checkpoint))
+
+
+def _connect(settings: MySQLSettings) -> pymysql.connections.Connection:
+    try:
+        return pymysql.connect(**settings.connection_kwargs())
+    except pymysql.err.OperationalError as exc:
+        if retry_cause(exc) == "database":
+            raise DatabaseUnavailableError(
+                f"MySQL at {settings.host}:{settings.port} is unavailable: {exc.args[-1]}"
+            ) from exc
+        raise
+
+
+# -- DDL that names a bound table from another database --------------------------------------------------
+
+_IDENTIFIER = re.compile(r'`((?:[^`]|``)+)`|"((?:[^"]|"")+)"|([\w$]+)')
+_DATABASE_WORD = re.compile(r"(?:DATABASE|SCHEMA)(?:\s+IF(?:\s+NOT)?\s+EXISTS)?\s*$", re.IGNORECASE)
+
+
+def _identifiers(query: str) -> list[tuple[int, int, str]]:
+    """(start, end, name) of every identifier-like token: quoted names unescaped, bare words as is."""
+    found = []
+    for match in _IDENTIFIER.finditer(query):
+        backticked, quoted, bare = match.groups()
+        name = (
+            backticked.replace("``", "`")
+            if backticked is not None
+            else quoted.replace('""', '"')
+            if quoted is not None
+            else bare
+        )
+        found.append((match.start(), match.end(), name))
+    return found
+
+
+def mentioned_databases(query: str, tables: Collection[tuple[str, str]]) -> dict[str, set[str]]:
+    """Bound databases a statement names, each with the bound tables of it named as ``db.table``.
+
+    Case-insensitive, with or without backticks (or ANSI double quotes), spaces allowed around the dot;
+    a quoted name holding a dot (```shop.assets```) counts too. ``DATABASE``/``SCHEMA <db>``
+    (``DROP DATABASE shop``) names the database with no table (an empty set). Deliberately generous: a
+    false positive costs the worker a re-signing, a miss leaves stale entries.
+    """
+    by_lower: dict[tuple[str, str], tuple[str, str]] = {(d.lower(), t.lower()): (d, t) for d, t in tables}
+    databases = {d.lower(): d for d, _ in tables}
+    found: dict[str, set[str]] = {}
+    tokens = _identifiers(query)
+    pairs: list[tuple[str, str]] = []
+    for (_, end, first), (start, _, second) in itertools.pairwise(tokens):
+        if query[end:start].strip() == ".":
+            pairs.append((first, second))
+    for _, _, name in tokens:
+        if "." in name:  # `shop.assets`: not a qualified name in SQL, but cheap to honour
+            db, _, table = name.partition(".")
+            pairs.append((db, table))
+    for db, table in pairs:
+        bound = by_lower.get((db.lower(), table.lower()))
+        if bound is not None:
+            found.setdefault(bound[0], set()).add(bound[1])
+    for start, _, name in tokens:
+        if name.lower() in databases and _DATABASE_WORD.search(query[max(0, start - 40) : start]):
+            found.setdefault(databases[name.lower()], set())
+    return found
 
 
 def current_position(settings: MySQLSettings, *, earliest: bool = False) -> BinlogPosition:
     """The server's current binlog end (or the start of its oldest binlog file)."""
-    conn = pymysql.connect(**settings.connection_kwargs())
+    conn = _connect(settings)
     try:
         with conn.cursor() as cur:
             if earliest:
@@ -77,7 +231,12 @@ def current_position(settings: MySQLSettings, *, earliest: bool = False) -> Binl
 
 
 class BinlogSource:
-    """Iterates the binlog from ``start``; blocks waiting for new events (``blocking=True``)."""
+    """Iterates the binlog from ``start``; blocks waiting for new events (``blocking=True``).
+
+    ``read_timeout_s``: a connection that brings nothing (not even the server's heartbeat, sent every
+    second while idle) for this long is taken as lost (pymysql then raises error 2013).
+    ``checkpoint``: only named in the error raised when the server cannot serve ``start``.
+    """
 
     def __init__(
         self,
@@ -87,6 +246,8 @@ class BinlogSource:
         start: BinlogPosition,
         version_source: VersionSource = "binlog",
         blocking: bool = True,
+        read_timeout_s: float | None = None,
+        checkpoint: Path | None = None,
     ) -> None:
         self._settings = settings
         self._tables = {(db, table) for db, table in tables}
@@ -94,11 +255,17 @@ class BinlogSource:
         self._start = start
         self._version_source = version_source
         self._blocking = blocking
+        self._read_timeout_s = read_timeout_s
+        self._checkpoint = checkpoint
         self._stream: BinLogStreamReader | None = None
 
     def _open(self) -> BinLogStreamReader:
+        connection = settings = self._settings.connection_kwargs()
+        if self._read_timeout_s is not None:
+            connection = {**settings, "read_timeout": max(1, round(self._read_timeout_s))}
         return BinLogStreamReader(
-            connection_settings=self._settings.connection_kwargs(),
+            connection_settings=connection,
+            ctl_connection_settings=connection,
             server_id=self._settings.server_id,
             resume_stream=True,
             log_file=self._start.file,
@@ -113,6 +280,7 @@ class BinlogSource:
                 RotateEvent,
                 GtidEvent,
                 MariadbGtidEvent,
+                HeartbeatLogEvent,
             ],
             only_schemas=sorted(self._databases),
             only_tables=sorted({t for _, t in self._tables}),
@@ -122,6 +290,42 @@ class BinlogSource:
 
     def __iter__(self) -> Iterator[SourceItem]:
         stream = self._stream = self._open()
+        try:
+            yield from self._read(stream)
+        except pymysql.err.OperationalError as exc:
+            if exc.args and exc.args[0] == ER_MASTER_FATAL_ERROR_READING_BINLOG:
+                at = BinlogPosition(stream.log_file or self._start.file, stream.log_pos or self._start.pos)
+                raise self._refused(at, str(exc.args[-1])) from None
+            raise
+
+    def _refused(self, at: BinlogPosition, said: str) -> ConfigurationError:
+        """The error for a server that refuses to send the binlog (1236), saying what to change."""
+        if "server_id" in said or "server_uuid" in said:
+            return ConfigurationError(
+                f"the server stopped sending the binlog: {said}. Another replica or connector uses "
+                f"server id {self._settings.server_id}: set FRESHKEY_MYSQL_SERVER_ID to an id no other "
+                "server, replica or connector uses"
+            )
+        if "max_allowed_packet" in said:
+            return ConfigurationError(
+                f"the server cannot send a binlog event: {said}. Raise max_allowed_packet on the server "
+                "(SET GLOBAL max_allowed_packet=1073741824 and set it under [mysqld] in its config file)"
+            )
+        try:
+            problem = position_problem(at, binary_logs(self._settings))
+        except Exception as exc:  # the listing is a courtesy: the server's own words come first
+            log.debug("SHOW BINARY LOGS failed: %r", exc)
+            problem = None
+        return BinlogGapError(
+            gap_message(
+                at,
+                problem or "the server cannot send the binlog from there",
+                checkpoint=self._checkpoint,
+                detail=said,
+            )
+        )
+
+    def _read(self, stream: BinLogStreamReader) -> Iterator[SourceItem]:
         gtid: str | None = self._start.gtid
         ordinal = 0
         for event in stream:
@@ -129,6 +333,8 @@ class BinlogSource:
                 gtid, ordinal = event.gtid, 0
             elif isinstance(event, XidEvent):
                 yield Boundary(BinlogPosition(stream.log_file, stream.log_pos, gtid))
+            elif isinstance(event, HeartbeatLogEvent | RotateEvent):
+                yield Tick()
             elif isinstance(event, QueryEvent):
                 query = event.query.strip() if isinstance(event.query, str) else str(event.query)
                 if query.upper().startswith(_NOT_DDL):
@@ -138,6 +344,10 @@ class BinlogSource:
                 schema = event.schema.decode() if isinstance(event.schema, bytes) else str(event.schema)
                 if schema in self._databases:
                     yield self._ddl(event, stream.log_file, schema, query, gtid)
+                for db, named in sorted(mentioned_databases(query, self._tables).items()):
+                    if db != schema:  # run from another database, naming a bound table
+                        table = next(iter(named)) if len(named) == 1 else "*"
+                        yield self._ddl(event, stream.log_file, db, query, gtid, table=table, suffix=f":{db}")
                 # a DDL statement commits implicitly
                 yield Boundary(BinlogPosition(stream.log_file, stream.log_pos, gtid))
             elif isinstance(event, WriteRowsEvent | UpdateRowsEvent | DeleteRowsEvent):
@@ -166,10 +376,20 @@ class BinlogSource:
             table=table,
         )
 
-    def _ddl(self, event: QueryEvent, file: str, schema: str, query: str, gtid: str | None) -> DdlEvent:
-        source = self._source(event, file, 0, schema, "*", gtid)
+    def _ddl(
+        self,
+        event: QueryEvent,
+        file: str,
+        schema: str,
+        query: str,
+        gtid: str | None,
+        *,
+        table: str = "*",
+        suffix: str = "",
+    ) -> DdlEvent:
+        source = self._source(event, file, 0, schema, table, gtid)
         return DdlEvent(
-            event_id=f"{source.server_id}:{file}:{source.pos}:ddl",
+            event_id=f"{source.server_id}:{file}:{source.pos}:ddl{suffix}",
             source=source,
             query=query,
             ts_ms=int(time.time() * 1000),
@@ -234,6 +454,10 @@ class BinlogSource:
             yield change("", "d", before, None)
 
     def close(self) -> None:
-        if self._stream is not None:
-            self._stream.close()
-            self._stream = None
+        """Close the binlog connections; never raises (a server that died leaves dead sockets)."""
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            try:
+                stream.close()
+            except Exception as exc:
+                log.debug("closing the binlog stream: %r", exc)

@@ -8,10 +8,13 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import pymysql
 
-from connectors.exceptions import ConfigurationError
+from connectors.binlog import ACCEPT_GAP_HINT, position_problem
+from connectors.checkpoint import BinlogPosition, CheckpointError, CheckpointStore
+from connectors.exceptions import ConfigurationError, DatabaseUnavailableError, retry_cause
 from connectors.settings import MySQLSettings
 
 
@@ -32,14 +35,23 @@ class ServerInfo:
 
 
 def connect(settings: MySQLSettings) -> pymysql.connections.Connection:
+    """A connection for the checks.
+
+    A server that is away (refused, unreachable, restarting) raises :class:`DatabaseUnavailableError`,
+    which a connector waits out; a refusal that waiting does not fix (access denied) raises
+    :class:`ConfigurationError`.
+    """
     try:
         return pymysql.connect(**settings.connection_kwargs(), autocommit=True)
     except pymysql.err.OperationalError as exc:
-        raise ConfigurationError(
+        message = (
             f"cannot connect to MySQL at {settings.host}:{settings.port} as {settings.user!r}: "
             f"{exc.args[-1]}. Check FRESHKEY_MYSQL_HOST, FRESHKEY_MYSQL_PORT, FRESHKEY_MYSQL_USER and "
             "FRESHKEY_MYSQL_PASSWORD."
-        ) from None
+        )
+        if retry_cause(exc) == "database":
+            raise DatabaseUnavailableError(message) from None
+        raise ConfigurationError(message) from None
 
 
 def _variables(cur: pymysql.cursors.Cursor, names: list[str]) -> dict[str, str]:
@@ -183,3 +195,46 @@ def require_ready(settings: MySQLSettings) -> ServerInfo:
             + "\n".join(lines)
         )
     return info
+
+
+CHECKPOINT_CHECK = "checkpoint binlog on the server"
+
+
+def checkpoint_check(settings: MySQLSettings, checkpoint_path: Path) -> Check:
+    """Is the binlog file the connector's checkpoint needs still on the server (``SHOW BINARY LOGS``)?
+
+    No checkpoint yet passes (the connector starts at the current position). A server that cannot be
+    asked raises like :func:`run_checks`; a listing refused (a missing privilege) fails the check.
+    """
+    try:
+        state = CheckpointStore(checkpoint_path).load_state()
+    except CheckpointError as exc:
+        return Check(CHECKPOINT_CHECK, False, str(exc), "a readable checkpoint", ACCEPT_GAP_HINT)
+    if state is None:
+        return Check(
+            CHECKPOINT_CHECK, True, f"no checkpoint at {checkpoint_path}", "the checkpoint's binlog file"
+        )
+    conn = connect(settings)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SHOW BINARY LOGS")
+            logs = [(str(row[0]), int(row[1])) for row in cur.fetchall()]
+    except pymysql.err.MySQLError as exc:
+        return Check(
+            CHECKPOINT_CHECK,
+            False,
+            f"SHOW BINARY LOGS failed: {exc.args[-1]}",
+            f"{state.position.file} listed",
+            "grant the privileges above (REPLICATION CLIENT / BINLOG MONITOR)",
+        )
+    finally:
+        conn.close()
+    return checkpoint_check_from(state.position.file, state.position.pos, logs)
+
+
+def checkpoint_check_from(file: str, pos: int, logs: Sequence[tuple[str, int]]) -> Check:
+    """The check row for a checkpoint at ``file:pos`` on a server whose ``SHOW BINARY LOGS`` is ``logs``."""
+    problem = position_problem(BinlogPosition(file, pos), logs)
+    if problem is None:
+        return Check(CHECKPOINT_CHECK, True, f"{file}:{pos}", f"{file} on the server")
+    return Check(CHECKPOINT_CHECK, False, problem, f"{file} on the server", ACCEPT_GAP_HINT)

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from connectors.doctor import _compression_check, _privilege_checks
+from connectors.doctor import (
+    CHECKPOINT_CHECK,
+    _compression_check,
+    _privilege_checks,
+    checkpoint_check,
+    checkpoint_check_from,
+)
+from connectors.settings import MySQLSettings
 
 USER = "freshkey"
 GRANT_FIX = "GRANT SELECT, REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO 'freshkey'@'%'"
@@ -121,3 +130,34 @@ def test_compression_check(flavor: str, variables: dict[str, str], ok: bool, nam
     assert check.want == f"{name}=OFF"
     assert check.fix.startswith(f"SET GLOBAL {name}=OFF and set {name}=OFF under [mysqld]")
     assert "restart" in check.fix
+
+
+# --- the checkpoint's binlog file (freshkey doctor) -------------------------------------------------------
+
+LOGS = [("binlog.000005", 1200), ("binlog.000006", 380)]
+
+
+def test_checkpoint_file_on_the_server_passes() -> None:
+    check = checkpoint_check_from("binlog.000006", 200, LOGS)
+    assert check.ok and check.name == CHECKPOINT_CHECK
+    assert check.found == "binlog.000006:200"
+
+
+def test_purged_checkpoint_file_fails_naming_both_files_and_the_way_on() -> None:
+    check = checkpoint_check_from("binlog.000002", 900, LOGS)
+    assert not check.ok
+    assert "binlog.000002" in check.found and "binlog.000005" in check.found
+    assert check.want == "binlog.000002 on the server"
+    assert "freshkey connector --accept-gap" in check.fix and "freshkey snapshot" in check.fix
+
+
+def test_no_checkpoint_yet_passes(tmp_path: Path) -> None:
+    check = checkpoint_check(MySQLSettings(port=1), tmp_path / "none.json")  # never connects
+    assert check.ok and "no checkpoint" in check.found
+
+
+def test_unreadable_checkpoint_fails_without_connecting(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    path.write_text("{half")
+    check = checkpoint_check(MySQLSettings(port=1), path)
+    assert not check.ok and str(path) in check.found and "--accept-gap" in check.fix
