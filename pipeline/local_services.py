@@ -533,6 +533,18 @@ class LocalMariaDB(_LocalService):
             autocommit=True,
         )
 
+    def halt(self, timeout: float = 20.0) -> None:
+        """Stop the server process (SIGTERM, a clean shutdown) but keep its data directory, accounts and
+        port, so that :meth:`resume` brings the same database back: a restart under running clients."""
+        self._kill_child(timeout)
+
+    def resume(self) -> None:
+        """Start the server again on the same port and data directory after :meth:`halt`; returns once
+        it answers (ServiceStartError otherwise). Its binlog continues in a new file."""
+        if self.running:
+            raise RuntimeError("mariadb is running: halt() it first")
+        self._launch()
+
 
 # --- Redis ---------------------------------------------------------------------------------------------
 
@@ -688,6 +700,17 @@ class LocalKafka(_LocalService):
         metadata = admin.list_topics(timeout=5)
         # The cluster id tells this broker from another one that took the port.
         return metadata.cluster_id == self._cluster_id and bool(metadata.brokers)
+
+    def halt(self, timeout: float = 1.0) -> None:
+        """Stop the broker process but keep its port (and cluster id) for :meth:`resume`."""
+        self._kill_child(timeout)
+
+    def resume(self) -> None:
+        """Start the broker again on the same port after :meth:`halt`; returns once it answers. Its
+        storage is memory: it comes back without topics, like a broker that lost its data."""
+        if self.running:
+            raise RuntimeError("kafka is running: halt() it first")
+        self._launch()
 
 
 # --- Redis Cluster -------------------------------------------------------------------------------------

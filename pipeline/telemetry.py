@@ -97,6 +97,9 @@ _COUNTERS = {
     "freshkey_cache_outcomes",
     "freshkey_leases_voided",
     "freshkey_sla_violations",
+    "freshkey_connector_retries",
+    "freshkey_connector_oversize",
+    "freshkey_connector_gaps",
 }
 _GAUGES = {
     "freshkey_consumer_lag",
@@ -104,6 +107,7 @@ _GAUGES = {
     "freshkey_sla_lag_p99_milliseconds",
     "freshkey_sla_window_ratio",
     "freshkey_connector_checkpoint_age_seconds",
+    "freshkey_connector_connected",
     "freshkey_consumer_backlog_age_milliseconds",
     "freshkey_consumer_partitions_unknown",
 }

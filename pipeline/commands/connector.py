@@ -2,37 +2,84 @@
 
 from __future__ import annotations
 
+import logging
 import signal
+from collections.abc import Callable
 from types import FrameType
 from typing import Annotated
 
 import typer
 
-from connectors.exceptions import ConnectorError
+from connectors.exceptions import ConfigurationError, ConnectorError, RetriesExhaustedError
 from connectors.runner import run_connector
 from pipeline.commands import EnvFile
 from pipeline.config import AllSettings, load_bindings, load_settings, setup_logging
 from pipeline.telemetry import TelemetrySettings, configure_telemetry
+from schemas import Bindings
+
+log = logging.getLogger(__name__)
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
+def fence_hook(settings: AllSettings, bindings: Bindings) -> Callable[[str], None]:
+    """The connector's ``on_gap``: fence every bound namespace (``pipeline.fence.fence_all``), so that
+    nothing cached before a gap is ever served. Raising makes the connector retry it before producing."""
+
+    def on_gap(reason: str) -> None:
+        try:
+            from pipeline.fence import fence_all  # type: ignore[import-not-found, unused-ignore]
+        except ImportError as exc:
+            raise ConfigurationError(
+                f"changes may have been lost ({reason}) but this freshkey cannot fence its caches "
+                f"(pipeline.fence: {exc}); stop the workers and flush the cache prefix by hand"
+            ) from None
+        namespaces: list[str] = fence_all(settings, bindings, reason)
+        log.warning("fenced %d namespace(s) after a gap: %s", len(namespaces), ", ".join(namespaces))
+
+    return on_gap
+
+
 def connector(
     env_file: EnvFile = None,
     log_level: Annotated[str, typer.Option("--log-level")] = "INFO",
+    accept_gap: Annotated[
+        bool,
+        typer.Option(
+            "--accept-gap",
+            help="When the checkpoint's binlog is gone (purged) or the checkpoint unreadable: fence every "
+            "bound namespace (nothing cached before is served), then continue from the current binlog "
+            "position instead of stopping. Changes in the gap are not replayed: run `freshkey snapshot` "
+            "to refill.",
+        ),
+    ] = False,
 ) -> None:
-    """Run the binlog connector until interrupted (SIGINT/SIGTERM stop it cleanly)."""
+    """Run the binlog connector until interrupted (SIGINT/SIGTERM stop it cleanly).
+
+    It reconnects by itself to the database and the broker (FRESHKEY_CONNECTOR_RETRY_*). Exit codes:
+    2 for a configuration to change (the message says what), 1 when it gave up retrying.
+    """
     setup_logging(log_level)
     settings = AllSettings.load(env_file)
     bindings = load_bindings(settings.bindings_path)
     configure_telemetry(load_settings(TelemetrySettings, env_file), service="connector")
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        run_connector(settings.mysql, settings.kafka, settings.connector, list(bindings.tables()))
+        run_connector(
+            settings.mysql,
+            settings.kafka,
+            settings.connector,
+            list(bindings.tables()),
+            on_gap=fence_hook(settings, bindings),
+            accept_gap=accept_gap,
+        )
     except KeyboardInterrupt:
         pass
+    except RetriesExhaustedError as exc:
+        typer.echo(f"freshkey connector: {exc}", err=True)
+        raise typer.Exit(1) from None
     except ConnectorError as exc:
         typer.echo(f"freshkey connector: {exc}", err=True)
         raise typer.Exit(2) from None

@@ -7,11 +7,12 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from connectors.doctor import run_checks
-from connectors.exceptions import ConfigurationError
-from connectors.settings import MySQLSettings
+from connectors.doctor import checkpoint_check, run_checks
+from connectors.exceptions import ConnectorError
+from connectors.settings import ConnectorSettings, MySQLSettings
 from pipeline.config import load_settings
 
 console = Console()
@@ -22,21 +23,30 @@ def doctor(
         Path | None, typer.Option("--env-file", help="Settings file (FRESHKEY_* lines).")
     ] = None,
 ) -> None:
-    """Check the binlog settings and privileges of the source server."""
+    """Check the binlog settings and privileges of the source server, and that the binlog file the
+    connector's checkpoint needs is still on it."""
     settings = load_settings(MySQLSettings, env_file)
+    connector = load_settings(ConnectorSettings, env_file)
     try:
         info, checks = run_checks(settings)
-    except ConfigurationError as exc:
-        console.print(f"[red]✗[/red] {exc}")
+        checks.append(checkpoint_check(settings, connector.checkpoint_path))
+    except ConnectorError as exc:
+        console.print(f"[red]✗[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
-    table = Table(title=f"{settings.host}:{settings.port} — {info.version}")
+    # Server texts and fixes hold square brackets ("under [mysqld]"): escaped, or rich eats them as markup.
+    table = Table(title=escape(f"{settings.host}:{settings.port} — {info.version}"))
     table.add_column("check")
     table.add_column("found")
     table.add_column("want")
     table.add_column("fix")
     for check in checks:
         mark = "[green]✓[/green]" if check.ok else "[red]✗[/red]"
-        table.add_row(f"{mark} {check.name}", check.found, check.want, "" if check.ok else check.fix)
+        table.add_row(
+            f"{mark} {escape(check.name)}",
+            escape(check.found),
+            escape(check.want),
+            "" if check.ok else escape(check.fix),
+        )
     console.print(table)
     failed = sum(not c.ok for c in checks)
     if failed:

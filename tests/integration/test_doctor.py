@@ -84,6 +84,7 @@ def test_doctor_names_the_binlog_format_to_set(mysql_service: MySQLService, tmp_
     assert "binlog_format" in result.stdout and "STATEMENT" in result.stdout
     flat = "".join(result.stdout.split()).replace("│", "")
     assert "SETGLOBALbinlog_format='ROW'" in flat, "the fix names the statement to run"
+    assert "under[mysqld]in" in flat, "square brackets survive rich's markup"
 
 
 def test_wrong_password_is_a_clear_error(mysql_service: MySQLService, tmp_path: Path) -> None:
@@ -91,3 +92,32 @@ def test_wrong_password_is_a_clear_error(mysql_service: MySQLService, tmp_path: 
     assert result.returncode == 2
     assert "FRESHKEY_MYSQL_PASSWORD" in result.stdout + result.stderr
     assert "wrong-password" not in result.stdout + result.stderr, "secrets are never printed"
+
+
+def test_doctor_reports_a_checkpoint_whose_binlog_is_gone(
+    mysql_service: MySQLService, tmp_path: Path
+) -> None:
+    env = _env(mysql_service, mysql_service.user, mysql_service.password, tmp_path)
+    with mysql_service.connect() as conn, conn.cursor() as cur:
+        cur.execute("SHOW BINARY LOGS")
+        oldest = str(cur.fetchall()[0][0])
+    stem, _, number = oldest.rpartition(".")
+    gone = f"{stem}.{'0' * len(number)}"  # numbered before the oldest file: purged (or never there)
+    (tmp_path / "checkpoint.json").write_text(f'{{"file": "{gone}", "pos": 4, "gtid": null}}')
+    result = _freshkey(env, "doctor")
+    assert result.returncode == 1, result.stdout + result.stderr
+    flat = " ".join(result.stdout.replace("│", " ").split())
+    assert "✗ checkpoint binlog on the server" in flat
+    assert f"{gone} has been purged" in flat and oldest in flat
+    assert "--accept-gap" in flat
+
+
+def test_doctor_passes_a_checkpoint_on_the_server(mysql_service: MySQLService, tmp_path: Path) -> None:
+    env = _env(mysql_service, mysql_service.user, mysql_service.password, tmp_path)
+    with mysql_service.connect() as conn, conn.cursor() as cur:
+        cur.execute("SHOW BINARY LOGS")
+        newest = str(cur.fetchall()[-1][0])
+    (tmp_path / "checkpoint.json").write_text(f'{{"file": "{newest}", "pos": 4, "gtid": null}}')
+    result = _freshkey(env, "doctor")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "✓ checkpoint binlog on the server" in " ".join(result.stdout.replace("│", " ").split())
