@@ -234,4 +234,4 @@ def _result(action: CacheAction, reply: Any) -> ActionResult:
         return ActionResult(action, Outcome.FAILED, None, error=f"{type(reply).__name__}: {reply}"[:500])
     applied, previous = reply
     previous_version = int(previous) if previous not in (b"", "") else None
-    return ActionResult(action, Outcome.APPLIED if applied == 1 else Outcome.STALE, previous_version)
+    return ActionResult(action, Outcome.APPLIED if applied == 1 else Outcome.NOT_NEWER, previous_version)

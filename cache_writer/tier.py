@@ -11,8 +11,9 @@ from typing import Literal, Protocol
 class Outcome(StrEnum):
     APPLIED = "applied"
     """The write landed, or the tombstone was laid."""
-    STALE = "stale"
-    """Rejected: the tier already holds this version or a newer one (entry or tombstone)."""
+    NOT_NEWER = "not_newer"
+    """Refused: the tier already holds this version or a newer one (entry or tombstone); a replay, or
+    a change that a newer one overtook. Not an error, and nothing stale: the newer state stays."""
     FAILED = "failed"
     """The tier refused this one action for a reason a retry cannot cure (e.g. the key holds another
     type); ``ActionResult.error`` says why. The rest of the batch was applied."""

@@ -312,7 +312,10 @@ def _tracer_provider(settings: TelemetrySettings, resource: Resource) -> TracerP
     return provider
 
 
-_FITS = {"invalidate": frozenset({"tombstoned", "stale"}), "write": frozenset({"applied", "stale"})}
+_FITS = {
+    "invalidate": frozenset({"tombstoned", "not_newer"}),
+    "write": frozenset({"applied", "not_newer"}),
+}
 
 
 def _outcomes_by_action(actions: Sequence[CacheAction], reported: Sequence[str]) -> list[str] | None:

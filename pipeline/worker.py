@@ -333,12 +333,21 @@ class ChangeProcessor:
         indexed = [(a, p) for p in planned for a in p.actions]
         if not indexed:
             return []
-        invalidations = [(a, p) for a, p in indexed if a.kind == "invalidate"]
-        writes = [(a, p) for a, p in indexed if a.kind == "write"]
+        # Per key only the newest action of the batch is sent (a later one wins a tie): under
+        # compare-and-set the older ones would be refused anyway, whatever the order they arrive in.
+        newest: dict[str, int] = {}
+        for i, (action, _) in enumerate(indexed):
+            j = newest.get(action.key)
+            if j is None or action.version >= indexed[j][0].version:
+                newest[action.key] = i
+        kept = [indexed[i] for i in sorted(newest.values())]
+        invalidations = [(a, p) for a, p in kept if a.kind == "invalidate"]
+        writes = [(a, p) for a, p in kept if a.kind == "write"]
         steps = [(tier, invalidations) for tier in reversed(self.tiers)]
         steps += [(tier, writes) for tier in self.tiers]
         tier_done_ms: dict[str, float] = {}
         refused: dict[int, Reject] = {}
+        in_l2: dict[int, set[Outcome]] = {}
         for tier, group in steps:
             if not group:
                 continue
@@ -356,11 +365,22 @@ class ChangeProcessor:
                     refused.setdefault(
                         p.index, Reject(p.index, f"apply:{tier.name}", result.error or "failed")
                     )
+                if tier is self.tiers[0]:
+                    in_l2.setdefault(p.index, set()).add(result.outcome)
                 self.observers.on_outcome(tier.name, p.binding.namespace, outcome)
         now_ms = time.time() * 1000
         for p in planned:
-            if p.index in refused:
+            if p.index in refused or not p.actions:
                 continue
+            # Every change is accounted for once: applied in L2, superseded in its batch, or refused by
+            # L2 as not newer (a replay, or overtaken); the refused ones go to the dead-letter topic.
+            outcomes = in_l2.get(p.index)
+            if outcomes is None:
+                self.observers.on_event("change_superseded")
+            elif Outcome.APPLIED in outcomes:
+                self.observers.on_event("change_applied")
+            else:
+                self.observers.on_event("change_not_newer")
             commit_us, coarse = commit_time_us(p.binding, p.event)
             commit_ms = commit_us / 1000
             stages = {

@@ -223,7 +223,7 @@ def test_an_invalidation_voids_the_lease_even_when_it_changes_nothing(redis_url:
         miss = await client.get("ns", [4])
         assert isinstance(miss, Miss) and miss.lease is not None
         results = await tier.apply([D(key, 5)])
-        assert results[0].outcome.value == "stale"
+        assert results[0].outcome.value == "not_newer"
         assert await client.fill(miss.lease, b'"read before the change"', 5) is FillResult.LEASE_VOID
 
     run(redis_url, body)

@@ -95,7 +95,7 @@ def test_versions_only_go_forward_on_a_cluster(redis_cluster: RedisClusterServic
     entry, naive, outcomes = run(redis_cluster, body)
     version, value = EXPECTED[name]
     assert entry is not None and (entry.version, entry.value) == (version, value)
-    assert outcomes[-1] is Outcome.STALE
+    assert outcomes[-1] is Outcome.NOT_NEWER
     assert naive is None or (naive.version, naive.value) != (version, value), "the naive writer goes wrong"
 
 

@@ -82,7 +82,7 @@ def test_versions_only_go_forward_and_a_naive_writer_goes_back(redis_url: str, n
     entry, naive, outcomes = run(redis_url, body)
     version, value = EXPECTED[name]
     assert entry is not None and (entry.version, entry.value) == (version, value)
-    assert outcomes[-1] is Outcome.STALE
+    assert outcomes[-1] is Outcome.NOT_NEWER
     assert naive is None or (naive.version, naive.value) != (version, value), (
         "the naive writer should go wrong"
     )
@@ -100,7 +100,7 @@ def test_versions_compare_as_64_bit_integers_not_strings_or_doubles(redis_url: s
         return [r.outcome for r in results], await _entry(client, key)
 
     outcomes, entry = run(redis_url, body)
-    assert outcomes == [Outcome.APPLIED] * 4 + [Outcome.STALE] * 2
+    assert outcomes == [Outcome.APPLIED] * 4 + [Outcome.NOT_NEWER] * 2
     assert entry is not None and entry.version == big and entry.value == b"d"
 
 

@@ -130,17 +130,17 @@ def test_equal_version_rebuilds_replace_only_towards_the_active_signature(redis_
         await set_signature(tier.client, prefix, NS, record(S2, "2.0.0"))
         # an old-signature write of the same version does not replace; the active one does
         [stale] = await tier.apply([W(key, 9, b'"v2"', S3)])
-        assert stale.outcome.value == "stale"
+        assert stale.outcome.value == "not_newer"
         [rebuilt] = await tier.apply([W(key, 9, b'"v2"', S2)])
         assert rebuilt.outcome.value == "applied"
         [back] = await tier.apply([W(key, 9, b'"v1 again"', S1)])
-        assert back.outcome.value == "stale", "an old signature replaced the rebuild"
+        assert back.outcome.value == "not_newer", "an old signature replaced the rebuild"
         [older] = await tier.apply([W(key, 8, b'"older"', S2)])
-        assert older.outcome.value == "stale", "versions still only go forward"
+        assert older.outcome.value == "not_newer", "versions still only go forward"
         # a tombstone of the same version is never replaced
         await tier.apply([CacheAction("invalidate", key, 10, 1)])
         [after_tomb] = await tier.apply([W(key, 10, b'"x"', S2)])
-        assert after_tomb.outcome.value == "stale"
+        assert after_tomb.outcome.value == "not_newer"
         # legacy writes (no signature) of a namespace without a model keep working and carry no 's'
         plain = client.key("plain", [1])
         await tier.apply([CacheAction("write", plain, 1, 1, b'"p"')])

@@ -53,7 +53,7 @@ def test_instruments_and_their_attributes() -> None:
     otel.on_event("u")
     otel.on_event("dead_lettered")
     otel.on_outcome("redis", "assets", "applied")
-    otel.on_outcome("redis", "assets", "stale")
+    otel.on_outcome("redis", "assets", "not_newer")
     otel.on_outcome("redis", "assets", "applied")
     otel.on_applied("assets", "u", 42.0, coarse=False, stages={STAGE_TRANSPORT: 3.0, STAGE_PLAN: 0.2})
     otel.on_applied("assets", "u", -5.0, coarse=True, stages={})
@@ -70,7 +70,7 @@ def test_instruments_and_their_attributes() -> None:
         (p.attributes["tier"], p.attributes["namespace"], p.attributes["outcome"]): p.value
         for p in found["freshkey.cache.outcomes"]
     }
-    assert outcomes == {("redis", "assets", "applied"): 2, ("redis", "assets", "stale"): 1}
+    assert outcomes == {("redis", "assets", "applied"): 2, ("redis", "assets", "not_newer"): 1}
 
     lag = {p.attributes["coarse"]: p for p in found["freshkey.lag"]}
     precise = lag[False]
@@ -323,7 +323,7 @@ def test_sampled_changes_are_traced_with_a_key_hash_version_and_outcome() -> Non
         # ChangeProcessor.apply's order: invalidations, then writes, each in batch order.
         otel.on_outcome("redis", "assets", "tombstoned")
         otel.on_outcome("redis", "assets", "applied")
-        otel.on_outcome("redis", "assets", "stale")
+        otel.on_outcome("redis", "assets", "not_newer")
     spans = exporter.get_finished_spans()
     meters.shutdown()
     by_name: dict[str, list[Any]] = {}
@@ -347,7 +347,7 @@ def test_sampled_changes_are_traced_with_a_key_hash_version_and_outcome() -> Non
             "freshkey.version": "8",
             "freshkey.op": "c",
             "freshkey.action": "write",
-            "freshkey.outcome.redis": "stale",
+            "freshkey.outcome.redis": "not_newer",
         },
     ]
     assert all(c.parent is not None and c.parent.span_id == root.context.span_id for c in changes)

@@ -103,14 +103,14 @@ def test_points_per_second_with_percentiles_counts_and_stages() -> None:
     for lag in lags:
         _apply(rec, lag)
     _apply(rec, 5000.0, coarse=True)
-    rec.on_outcome("redis", "ns", "stale")
+    rec.on_outcome("redis", "ns", "not_newer")
     clock.now += 1
     _apply(rec, 7.0)
     clock.now += 0.5
     snap = rec.snapshot()
     first, second = snap["points"]
     assert second["t"] == first["t"] + 1
-    assert first["events"] == {"u": 101} and first["outcomes"] == {"applied": 101, "stale": 1}
+    assert first["events"] == {"u": 101} and first["outcomes"] == {"applied": 101, "not_newer": 1}
     assert first["coarse_lag_samples"] == 1, "a coarse lag is counted, not charted"
     lag = first["lag_ms"]
     assert lag["count"] == 100 and lag["max"] == 100.0
@@ -123,7 +123,7 @@ def test_points_per_second_with_percentiles_counts_and_stages() -> None:
     summary = snap["summary"]
     assert summary["lag_ms"]["count"] == 101 and summary["coarse_lag_samples"] == 1
     assert summary["changes_per_s"] == pytest.approx(102 / 1.5), "over the 1.5 s the recorder has existed"
-    assert summary["outcomes"] == {"applied": 102, "stale": 1}
+    assert summary["outcomes"] == {"applied": 102, "not_newer": 1}
 
 
 def test_since_returns_that_second_and_later() -> None:

@@ -18,11 +18,12 @@
   ];
   const STAGE_COLORS = ["#38bdf8", "#34d399", "#a78bfa", "#fbbf24", "#f472b6", "#22d3ee", "#fb923c", "#94a3b8"];
   // Drawn in this order (each bar is the sum of itself and those after it), so the stack reads, bottom
-  // up: dead-lettered, stale, tombstoned, applied; the rare outcomes sit on the axis where they show.
+  // up: dead-lettered, not newer (refused: a replay or overtaken), tombstoned, applied; the rare outcomes
+  // sit on the axis where they show.
   const OUTCOMES = [
     ["applied", "#34d399"],
     ["tombstoned", "#a78bfa"],
-    ["stale", "#fbbf24"],
+    ["not_newer", "#fbbf24"],
     ["dead-lettered", "#f43f5e"],
   ];
   const AXIS = {
@@ -65,7 +66,7 @@
     lagPoints: 0,
     stagePoints: 0,
     outcomePoints: 0,
-    outcomes: { applied: 0, tombstoned: 0, stale: 0, "dead-lettered": 0 },
+    outcomes: { applied: 0, tombstoned: 0, not_newer: 0, "dead-lettered": 0 },
     sla: null,
     verify: null,
     consumerPartitions: 0,
