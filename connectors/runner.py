@@ -299,8 +299,8 @@ class _Run:
         attempt = f"{self.failures + 1}" + (f" of {limit}" if limit else "")
         position = self._saved_position()
         log.warning(
-            "connector session ended (%s unavailable): %s; next attempt %s in %.1f s, from checkpoint %s",
-            cause,
+            "connector session ended (%s): %s; next attempt %s in %.1f s, from checkpoint %s",
+            _CAUSE_TEXT.get(cause or "", "unknown"),
             _describe(exc),
             attempt,
             wait,
@@ -356,8 +356,7 @@ class _Run:
             return time.monotonic() - saved_at
 
         saver = threading.Thread(target=save_loop, name="checkpoint-saver", daemon=True)
-        saver.start()
-        source = BinlogSource(
+        source = BinlogSource(  # connects once iterated
             self.mysql,
             self.tables,
             start=start,
@@ -365,19 +364,21 @@ class _Run:
             read_timeout_s=self.connector.mysql_read_timeout_s,
             checkpoint=self.store.path,
         )
-        log.info(
-            "connector reading %s %s (server_id %d) for %d table(s) from %s:%d -> %s",
-            info.flavor,
-            info.version,
-            info.server_id,
-            len(self.tables),
-            start.file,
-            start.pos,
-            self.kafka.change_topic,
-        )
         _checkpoint_age.append(checkpoint_age)
         clean = False
+        gap: BinlogGapError | None = None
         try:
+            saver.start()
+            log.info(
+                "connector reading %s %s (server_id %d) for %d table(s) from %s:%d -> %s",
+                info.flavor,
+                info.version,
+                info.server_id,
+                len(self.tables),
+                start.file,
+                start.pos,
+                self.kafka.change_topic,
+            )
             self._read(source, session, start)
             clean = True
         except (KeyboardInterrupt, SystemExit):
@@ -386,11 +387,7 @@ class _Run:
         except BinlogGapError as exc:
             if not self.accept_gap:
                 raise
-            self._accept(str(exc))
-            raise RetriableError(
-                "the server could not send the binlog from the checkpoint; accepted the gap (--accept-gap)",
-                cause="gap",
-            ) from exc
+            gap = exc
         finally:
             _checkpoint_age.remove(checkpoint_age)
             source.close()
@@ -401,7 +398,8 @@ class _Run:
             )
             remaining = producer.close(flush_s, purge=not clean)
             stop_saver.set()
-            saver.join(timeout=2)
+            if saver.ident is not None:
+                saver.join(timeout=2)
             moved = tracker.take_if_moved()
             if moved is not None or producer.acked_ends(self.kafka.change_topic):
                 save(moved if moved is not None else tracker.committed)
@@ -412,6 +410,13 @@ class _Run:
                     remaining,
                 )
             log.info("session ended at checkpoint %s:%d", tracker.committed.file, tracker.committed.pos)
+        if gap is not None:
+            # After the session's last save, which the accepted position must replace.
+            self._accept(str(gap))
+            raise RetriableError(
+                "the server could not send the binlog from the checkpoint; accepted the gap (--accept-gap)",
+                cause="gap",
+            ) from gap
 
     def _resume_state(self) -> tuple[CheckpointState, bool]:
         """Where this session reads from, and whether that is a fresh start (no checkpoint yet).
@@ -696,6 +701,14 @@ class _Run:
         if item.original_b64:
             return item.model_copy(update={"original_b64": "", "truncated": True})
         return None
+
+
+_CAUSE_TEXT: dict[str, str] = {
+    "database": "database unavailable",
+    "kafka": "kafka unavailable",
+    "fence": "fence failed",
+    "gap": "binlog gap accepted",
+}
 
 
 def _describe(exc: BaseException | None) -> str:

@@ -201,3 +201,51 @@ def test_1236_for_a_duplicate_server_id_names_the_setting() -> None:
 def test_1236_for_a_too_large_event_names_max_allowed_packet() -> None:
     error = refused("log event entry exceeded max_allowed_packet; Increase max_allowed_packet on master")
     assert not isinstance(error, BinlogGapError) and "SET GLOBAL max_allowed_packet" in str(error)
+
+
+def test_a_gap_accepted_mid_stream_is_not_overwritten_by_the_sessions_last_save(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stream answers 1236 after the session acked events: the session's final save (old position)
+    must come before the accepted one (current position), or the next session resumes in the gap."""
+    from connectors.doctor import ServerInfo
+    from connectors.exceptions import RetriableError
+
+    current = BinlogPosition("binlog.000009", 4)
+
+    class Producer:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def acked_ends(self, topic: str) -> dict[int, int]:
+            return {0: 11}
+
+        def close(self, timeout_s: float, *, purge: bool = False) -> int:
+            return 0
+
+    class Source:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def __iter__(self) -> Any:
+            raise BinlogGapError("binlog.000004 has been purged")
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(runner, "require_ready", lambda mysql: ServerInfo("10.11", "mariadb", 1))
+    monkeypatch.setattr(runner, "check_position", lambda *a, **k: None)
+    monkeypatch.setattr(runner, "prepare_topics", lambda *a, **k: EXISTING)
+    monkeypatch.setattr(runner, "end_offsets", lambda *a, **k: {0: 10, 1: 0, 2: 0})
+    monkeypatch.setattr(runner, "current_position", lambda *a, **k: current)
+    monkeypatch.setattr(runner, "ChangeProducer", Producer)
+    monkeypatch.setattr(runner, "BinlogSource", Source)
+    calls: list[str] = []
+    run = make_run(tmp_path, calls.append)
+    run.accept_gap = True
+    run.store.save(POSITION, change_topic="changes", topic_ends={0: 10})
+    with pytest.raises(RetriableError) as info:
+        run._attempt()
+    assert info.value.cause == "gap"
+    assert len(calls) == 1 and "binlog.000004 has been purged" in calls[0]
+    assert run.store.load() == current
