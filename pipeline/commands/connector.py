@@ -10,10 +10,11 @@ from typing import Annotated
 
 import typer
 
-from connectors.exceptions import ConfigurationError, ConnectorError, RetriesExhaustedError
+from connectors.exceptions import ConnectorError, RetriesExhaustedError
 from connectors.runner import run_connector
 from pipeline.commands import EnvFile
 from pipeline.config import AllSettings, load_bindings, load_settings, setup_logging
+from pipeline.fence import fence_all
 from pipeline.telemetry import TelemetrySettings, configure_telemetry
 from schemas import Bindings
 
@@ -29,14 +30,7 @@ def fence_hook(settings: AllSettings, bindings: Bindings) -> Callable[[str], Non
     nothing cached before a gap is ever served. Raising makes the connector retry it before producing."""
 
     def on_gap(reason: str) -> None:
-        try:
-            from pipeline.fence import fence_all  # type: ignore[import-not-found, unused-ignore]
-        except ImportError as exc:
-            raise ConfigurationError(
-                f"changes may have been lost ({reason}) but this freshkey cannot fence its caches "
-                f"(pipeline.fence: {exc}); stop the workers and flush the cache prefix by hand"
-            ) from None
-        namespaces: list[str] = fence_all(settings, bindings, reason)
+        namespaces = fence_all(settings, bindings, reason)
         log.warning("fenced %d namespace(s) after a gap: %s", len(namespaces), ", ".join(namespaces))
 
     return on_gap
