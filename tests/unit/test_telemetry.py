@@ -221,6 +221,10 @@ def test_connector_metrics_through_the_global_api_in_a_fresh_process() -> None:
         assert configure_telemetry(settings, service="connector") is first
         runner._ack_latency.record(3.0)
         runner._checkpoint_age.append(lambda: 1.5)
+        runner._retries.add(1, {{"cause": "database"}})
+        runner._oversize.add(1)
+        runner._gaps.add(1)
+        runner._connected.append(lambda: 1)
         with urllib.request.urlopen("http://127.0.0.1:{port}/metrics", timeout=5) as response:
             print(response.read().decode())
         """
