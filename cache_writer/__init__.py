@@ -1,8 +1,8 @@
 """Everything that addresses or touches a cache: key layout, tiers, their Lua scripts."""
 
 from cache_writer.exceptions import CacheWriterError, TierUnavailableError
-from cache_writer.keys import entry_key, namespace_pattern
-from cache_writer.redis_tier import RedisTier
+from cache_writer.layout import entry_key, namespace_pattern
+from cache_writer.redis.tier import RedisTier
 from cache_writer.settings import RedisSettings
 from cache_writer.tier import ActionResult, CacheAction, CacheTier, Outcome
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
-from cache_writer.keys import namespace_pattern
-from cache_writer.redis_cluster import RedisClient, run_pipeline
+from cache_writer.layout import namespace_pattern
+from cache_writer.redis.pipeline import RedisClient, run_pipeline
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,14 +21,11 @@ import orjson
 import redis
 import redis.asyncio as aioredis
 
+from cache_writer.layout import hits_stream
+
 log = logging.getLogger(__name__)
 
 HITS_FIELD = "h"
-
-
-def hits_stream(prefix: str) -> str:
-    """The Redis Stream the clients append their hit counts to: ``<prefix>:hits``."""
-    return f"{prefix}:hits"
 
 
 class HitRecorder:

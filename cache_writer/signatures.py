@@ -28,9 +28,9 @@ from typing import Any, Literal
 import redis
 
 from cache_writer.exceptions import TierUnavailableError
-from cache_writer.keys import namespace_prefix, signature_key
-from cache_writer.redis_cluster import RedisClient, run_pipeline
-from cache_writer.redis_tier import _script
+from cache_writer.layout import namespace_prefix, signature_key
+from cache_writer.redis import scripts
+from cache_writer.redis.pipeline import RedisClient, run_pipeline
 from schemas.model_updates import (
     decode_model_update,
     moved_signature,
@@ -38,9 +38,6 @@ from schemas.model_updates import (
     signature_order,
 )
 from schemas.signature import table_signature
-
-SIGNATURE_SCRIPT, SIGNATURE_SHA = _script("set_signature.lua")
-CLEAR_PENDING_SCRIPT, CLEAR_PENDING_SHA = _script("clear_pending.lua")
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +173,7 @@ async def set_signature(
     at_ms = record.at_ms or int(time.time() * 1000)
     command = (
         "EVALSHA",
-        SIGNATURE_SHA,
+        scripts.SET_SIGNATURE.sha,
         1,
         signature_key(prefix, namespace),
         mode,
@@ -189,7 +186,7 @@ async def set_signature(
         namespace_prefix(prefix, namespace),
     )
     try:
-        (reply,) = await run_pipeline(client, [command], scripts=(SIGNATURE_SCRIPT,))
+        (reply,) = await run_pipeline(client, [command], scripts=(scripts.SET_SIGNATURE.text,))
     except redis.RedisError as exc:
         raise TierUnavailableError("redis", exc) from exc
     if isinstance(reply, Exception):
@@ -258,9 +255,9 @@ async def mark_outer_fenced(
 async def clear_pending(client: RedisClient, prefix: str, namespace: str, signature: str) -> bool:
     """Drop the namespace's pending signature when it is ``signature`` (a cutover that failed rolls its
     pending signature back); returns whether it was dropped."""
-    command = ("EVALSHA", CLEAR_PENDING_SHA, 1, signature_key(prefix, namespace), signature)
+    command = ("EVALSHA", scripts.CLEAR_PENDING.sha, 1, signature_key(prefix, namespace), signature)
     try:
-        (reply,) = await run_pipeline(client, [command], scripts=(CLEAR_PENDING_SCRIPT,))
+        (reply,) = await run_pipeline(client, [command], scripts=(scripts.CLEAR_PENDING.text,))
     except redis.RedisError as exc:
         raise TierUnavailableError("redis", exc) from exc
     if isinstance(reply, Exception):

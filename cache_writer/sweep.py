@@ -9,11 +9,9 @@ active nor the pending signature before deleting it; tombstones are never delete
 from __future__ import annotations
 
 from cache_writer.entries import scan_keys
-from cache_writer.keys import SIGNATURE_SUFFIX, namespace_pattern, signature_key
-from cache_writer.redis_cluster import RedisClient, run_pipeline
-from cache_writer.redis_tier import _script
-
-SWEEP_SCRIPT, SWEEP_SHA = _script("sweep_entry.lua")
+from cache_writer.layout import SIGNATURE_SUFFIX, namespace_pattern, signature_key
+from cache_writer.redis import scripts
+from cache_writer.redis.pipeline import RedisClient, run_pipeline
 
 
 async def sweep_namespace(
@@ -25,8 +23,10 @@ async def sweep_namespace(
     keys: list[bytes] = []
 
     async def flush() -> int:
-        commands = [("EVALSHA", SWEEP_SHA, 2, k, signature, "1" if dry_run else "0") for k in keys]
-        replies = await run_pipeline(client, commands, scripts=(SWEEP_SCRIPT,))
+        commands = [
+            ("EVALSHA", scripts.SWEEP_ENTRY.sha, 2, k, signature, "1" if dry_run else "0") for k in keys
+        ]
+        replies = await run_pipeline(client, commands, scripts=(scripts.SWEEP_ENTRY.text,))
         keys.clear()
         for reply in replies:
             if isinstance(reply, Exception):

@@ -52,11 +52,28 @@ class ActionResult:
 
 
 class CacheTier(Protocol):
+    """What the pipeline needs of a tier: apply versioned actions, say whether it answers, and empty it
+    (a fenced tier is flushed of everything freshkey wrote before it is trusted again)."""
+
     name: str
+    channel: str | None
+    """The Pub/Sub channel its applied changes are announced on (in-process tiers listen), if any."""
 
     async def apply(self, actions: Sequence[CacheAction]) -> list[ActionResult]:
         """Apply every action atomically per entry, in order. Raise TierUnavailableError when the tier
         cannot take the batch now (a retry may succeed); an action refused for good is a FAILED result."""
+        ...
+
+    async def load_scripts(self) -> None:
+        """Prepare the tier (load its scripts); raise TierUnavailableError when it does not answer."""
+        ...
+
+    async def ping(self) -> None:
+        """Raise TierUnavailableError unless the tier answers now."""
+        ...
+
+    async def flush(self, prefix: str, *, flushdb: bool = False) -> int:
+        """Remove every entry under ``prefix``; returns how many (-1: the whole database was flushed)."""
         ...
 
     async def close(self) -> None: ...

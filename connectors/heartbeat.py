@@ -10,7 +10,7 @@ every ``FRESHKEY_HEARTBEAT_INTERVAL_MS`` (default 500 ms) into a table it create
 change: binlog -> connector -> Kafka -> worker -> every cache tier. Bind it like this and the worker
 records the true commit-to-cache lag of every beat in the ``freshkey_heartbeat`` namespace (the
 ``commit_time_column`` gives microsecond commit times; the SLA's ``heartbeat`` target in
-:mod:`pipeline.sla` finds the namespace through the binding of ``<database>.<table>``):
+:mod:`pipeline.observe.sla` finds the namespace through the binding of ``<database>.<table>``):
 
     bindings:
       - table: freshkey.heartbeat

@@ -82,7 +82,7 @@ DDL_QUERY_CHARS = 16_000
 """A DDL statement too large for a message is sent cut to this many characters (the worker re-reads
 the table's columns from the database; the statement is only a record)."""
 
-# -- OpenTelemetry (the API only: the entry point installs the SDK; names listed in pipeline.telemetry) --
+# -- OpenTelemetry (the API only: the entry point installs the SDK; names listed in pipeline.observe.otel) --
 _meter = metrics.get_meter("freshkey")
 _ack_latency = _meter.create_histogram(
     "freshkey.connector.ack.latency",

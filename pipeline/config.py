@@ -12,8 +12,16 @@ from pydantic_settings import BaseSettings
 from rich.logging import RichHandler
 
 from cache_writer.settings import L3Settings, RedisSettings
+from connectors.heartbeat import HeartbeatSettings
 from connectors.settings import ConnectorSettings, KafkaSettings, MySQLSettings
-from pipeline.settings import BindingSettings, WorkerSettings
+from pipeline.settings import (
+    BindingSettings,
+    HotnessSettings,
+    ModelSettings,
+    SlaSettings,
+    TelemetrySettings,
+    WorkerSettings,
+)
 from schemas import Bindings, parse_bindings
 
 S = TypeVar("S", bound=BaseSettings)
@@ -41,12 +49,20 @@ def load_settings(cls: type[S], env_file: Path | None = None) -> S:
 
 @dataclass(frozen=True)
 class AllSettings:
+    """Every settings class, read from the same environment and ``--env-file`` (the one place that loads
+    them: a command that takes ``--env-file`` passes it here, so no class is read without the file)."""
+
     mysql: MySQLSettings
     kafka: KafkaSettings
     connector: ConnectorSettings
     redis: RedisSettings
     l3: L3Settings
     worker: WorkerSettings
+    model: ModelSettings
+    hotness: HotnessSettings
+    sla: SlaSettings
+    telemetry: TelemetrySettings
+    heartbeat: HeartbeatSettings
     bindings_path: Path
 
     @classmethod
@@ -58,6 +74,11 @@ class AllSettings:
             redis=load_settings(RedisSettings, env_file),
             l3=load_settings(L3Settings, env_file),
             worker=load_settings(WorkerSettings, env_file),
+            model=load_settings(ModelSettings, env_file),
+            hotness=load_settings(HotnessSettings, env_file),
+            sla=load_settings(SlaSettings, env_file),
+            telemetry=load_settings(TelemetrySettings, env_file),
+            heartbeat=load_settings(HeartbeatSettings, env_file),
             bindings_path=load_settings(BindingSettings, env_file).bindings,
         )
 

@@ -20,8 +20,9 @@ from redis.exceptions import RedisError
 from tenacity import AsyncRetrying, before_sleep_log, retry_if_exception_type, wait_exponential
 
 from cache_writer.exceptions import TierUnavailableError
-from cache_writer.redis_cluster import RedisClient
-from cache_writer.redis_tier import connect, invalidation_channel
+from cache_writer.layout import invalidation_channel
+from cache_writer.redis.pipeline import RedisClient
+from cache_writer.redis.tier import connect
 from cache_writer.signatures import fence_namespace
 from connectors.database import table_columns
 from pipeline.config import AllSettings

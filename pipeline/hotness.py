@@ -29,7 +29,8 @@ import orjson
 import redis
 import redis.asyncio as aioredis
 
-from cache_writer.hotness import hits_stream, parse_hits
+from cache_writer.hotness import parse_hits
+from cache_writer.layout import hits_stream, namespace_of
 from pipeline.settings import HotnessSettings
 
 log = logging.getLogger(__name__)
@@ -78,15 +79,6 @@ def top_entries(
         for hits, last in (decode_count(value),)
     )
     return [key for _, key in heapq.nlargest(n, scored)]
-
-
-def namespace_of(key: str) -> str | None:
-    """The namespace of an entry key ``<prefix>:{<namespace>}:...``."""
-    start = key.find(":{")
-    end = key.find("}:", start + 2)
-    if start < 0 or end < 0:
-        return None
-    return key[start + 2 : end]
 
 
 @dataclass(frozen=True, slots=True)

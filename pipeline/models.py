@@ -20,25 +20,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cache_writer.keys import entry_key
-from cache_writer.redis_cluster import RedisClient
+from cache_writer.redis.pipeline import RedisClient
 from cache_writer.semantic import (
-    HashingTextEmbedder,
     KeyHashWeights,
     SemanticKeyer,
-    TextRules,
-    decode_embedding,
-    format_key,
     load_update_weights,
 )
 from cache_writer.semantic.exceptions import EmbeddingError
+from cache_writer.semantic.rows import RowKeyRequest, row_keys
 from cache_writer.signatures import (
     NamespaceSignatures,
     SignatureRecord,
     read_active_signatures,
     read_signatures,
 )
-from pipeline.apply import value_columns_of
+from pipeline.plan import value_columns_of
 from schemas import Binding, Bindings
 from schemas.model_updates import ModelUpdate, ModelUpdateRejected, decode_model_update
 
@@ -196,69 +192,14 @@ class KeyRequest:
 
 
 def semantic_keys(requests: Sequence[KeyRequest], prefix: str) -> list[str | EmbeddingError]:
-    """The entry key of each request, or the reason it has none, computed in batches.
-
-    Requests that share a keyer and a modality are keyed in one call (one batch on the device); keys do
-    not depend on how they are batched (invariant 6).
-    """
-    results: list[str | EmbeddingError] = [EmbeddingError("not keyed")] * len(requests)
-    groups: dict[tuple[int, str, str], list[int]] = {}
-    for index, request in enumerate(requests):
-        spec = request.binding.semantic
-        assert spec is not None and request.state.keyer is not None
-        group = (id(request.state.keyer), spec.modality, "text" if spec.text_column else "embedding")
-        groups.setdefault(group, []).append(index)
-    for (_, modality, source), indexes in groups.items():
-        first = requests[indexes[0]]
-        keyer = first.state.keyer
-        assert keyer is not None
-        try:
-            dim = keyer.dim(modality)
-        except KeyError as exc:
-            for index in indexes:
-                results[index] = EmbeddingError(str(exc.args[0]))
-            continue
-        vectors = []
-        ok: list[int] = []
-        for index in indexes:
-            request = requests[index]
-            spec = request.binding.semantic
-            assert spec is not None
-            try:
-                vectors.append(_vector(request, dim, source))
-                ok.append(index)
-            except EmbeddingError as exc:
-                results[index] = exc
-        if not ok:
-            continue
-        import torch
-
-        keys = keyer.keys(modality, torch.stack(vectors))
-        for index, key in zip(ok, keys, strict=True):
-            request = requests[index]
-            results[index] = entry_key(prefix, request.binding.namespace, [format_key(key, keyer.key_bits)])
-    return results
+    """The entry key of each request under its state's keyer (``cache_writer.semantic.rows``)."""
+    return row_keys(
+        [RowKeyRequest(r.binding, _keyer(r.state), r.image) for r in requests],
+        prefix,
+    )
 
 
-_EMBEDDERS: dict[tuple[int, tuple[int, ...], TextRules], HashingTextEmbedder] = {}
-
-
-def _vector(request: KeyRequest, dim: int, source: str) -> Any:
-    spec = request.binding.semantic
-    assert spec is not None
-    column = spec.source_column
-    if column not in request.image:
-        raise EmbeddingError(f"semantic column {column!r} is not in the row")
-    value = request.image[column]
-    if value is None:
-        raise EmbeddingError(f"semantic column {column!r} is NULL: the row has no semantic key")
-    if source == "text":
-        if not isinstance(value, str):
-            raise EmbeddingError(f"text column {column!r} holds {type(value).__name__}, not text")
-        rules = TextRules(**spec.text_rules.model_dump())
-        embedder_key = (dim, spec.ngram_sizes, rules)
-        embedder = _EMBEDDERS.get(embedder_key)
-        if embedder is None:
-            embedder = _EMBEDDERS[embedder_key] = HashingTextEmbedder(dim, spec.ngram_sizes, rules)
-        return embedder.embed_one(value)
-    return decode_embedding(value, dim, spec.embedding_dtype)
+def _keyer(state: ModelState) -> SemanticKeyer:
+    if state.keyer is None:
+        raise ValueError(f"signature {state.signature[:12]} has no keyer (no model, or not semantic)")
+    return state.keyer

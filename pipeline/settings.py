@@ -1,4 +1,4 @@
-"""Settings of the Faust worker (``FRESHKEY_WORKER_*``) and the bindings file (``FRESHKEY_BINDINGS``)."""
+"""Settings of the pipeline: the worker, models and hotness, SLA targets, telemetry, the bindings file."""
 
 from __future__ import annotations
 
@@ -80,3 +80,38 @@ class BindingSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FRESHKEY_", extra="ignore")
 
     bindings: Path = Path("bindings.yaml")
+
+
+class SlaSettings(BaseSettings):
+    """The promises: how far behind the database the caches may be, and how that is judged."""
+
+    model_config = SettingsConfigDict(env_prefix="FRESHKEY_SLA_", extra="ignore")
+
+    p99_lag_ms: float = Field(200.0, gt=0, description="Target for the p99 of commit-to-cache lag.")
+    window_ms: float = Field(
+        1500.0, gt=0, description="Consistency window: changes must be visible in every tier within it."
+    )
+    window_fraction: float = Field(
+        0.9999, gt=0, le=1, description="Share of changes that must be visible within window_ms."
+    )
+    evaluation_window_s: float = Field(60.0, gt=0, description="Sliding window the targets are judged on.")
+    evaluation_interval_s: float = Field(1.0, gt=0, description="How often the worker evaluates.")
+    violations_topic: str = Field("freshkey.sla-violations", description="Where violations are published.")
+    namespaces: tuple[str, ...] = Field(
+        (), description="Namespaces whose lag counts (JSON list); empty: all of them."
+    )
+
+
+class TelemetrySettings(BaseSettings):
+    """Where metrics and traces go. The Prometheus endpoints listen on localhost unless configured."""
+
+    model_config = SettingsConfigDict(env_prefix="FRESHKEY_TELEMETRY_", extra="ignore")
+
+    prometheus_bind: str = "127.0.0.1"
+    prometheus_port: int = Field(9464, ge=0, le=65535, description="Worker's /metrics port; 0: off.")
+    connector_prometheus_port: int = Field(9465, ge=0, le=65535, description="Connector's port; 0: off.")
+    otlp_endpoint: str | None = Field(
+        None, description="OTLP/HTTP traces endpoint, e.g. http://127.0.0.1:4318/v1/traces (extra 'otlp')."
+    )
+    trace_sample_every: int = Field(100, ge=0, description="Trace one cache action in N; 0: none.")
+    consumer_lag_interval_s: float = Field(2.0, gt=0, description="How often consumer lag is sampled.")

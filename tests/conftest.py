@@ -1,6 +1,6 @@
 """Session-wide real services for the integration tests.
 
-Each service is a private instance started here on a free local port (pipeline.local_services), or an
+Each service is a private instance started here on a free local port (pipeline.embedded), or an
 external one named by an environment variable, so that the same suite runs against the docker compose
 stack (Apache Kafka, MySQL 8, Redis):
 
@@ -26,14 +26,8 @@ import pytest
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode
 
-from pipeline.local_services import (
-    LocalKafka,
-    LocalMariaDB,
-    LocalRedis,
-    LocalRedisCluster,
-    MissingBinaryError,
-    ServiceStartError,
-)
+from pipeline.embedded import LocalKafka, LocalMariaDB, LocalRedis, MissingBinaryError, ServiceStartError
+from tests.support.redis_cluster import LocalRedisCluster
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,6 @@
 -- returns {1, version} when filled; {0, 'lease'} when the lease is void or expired;
 --         {0, 'stale'} when the key holds a newer version than the row that was read;
 --         {0, 'signature'} when the namespace's active signature changed since the lease was issued
-local function gt(a, b)
-  if #a ~= #b then return #a > #b end
-  return a > b
-end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local sig = ARGV[5] or ''
@@ -34,23 +30,5 @@ if version == '' then
 elseif h[1] and gt(h[1], version) then
   return {0, 'stale'}
 end
-local fields = {'v', version, 'd', ARGV[2], 'c', string.format('%.0f', now * 1000)}
-local gone = {'tomb', 'l', 'le'}
-if sig ~= '' then
-  fields[#fields + 1] = 's'; fields[#fields + 1] = sig
-else
-  gone[#gone + 1] = 's'
-end
-if row ~= '' then
-  fields[#fields + 1] = 'k'; fields[#fields + 1] = row
-else
-  gone[#gone + 1] = 'k'
-end
-redis.call('HSET', KEYS[1], unpack(fields))
-redis.call('HDEL', KEYS[1], unpack(gone))
-if ARGV[4] ~= '0' then
-  redis.call('PEXPIRE', KEYS[1], ARGV[4])
-else
-  redis.call('PERSIST', KEYS[1])
-end
+set_entry(KEYS[1], {'v', version, 'd', ARGV[2], 'c', string.format('%.0f', now * 1000)}, sig, row, ARGV[4])
 return {1, version}

@@ -9,10 +9,6 @@
 -- ARGV[4]  invalidation channel ('' for none); message: 'i <version> <key>'
 -- returns {1, previous version or ''} when tombstoned, {0, current version} when the key is newer or
 -- already holds this very tombstone (a replay). Either way any outstanding fill lease is void.
-local function gt(a, b)
-  if #a ~= #b then return #a > #b end
-  return a > b
-end
 local cur = redis.call('HGET', KEYS[1], 'v')
 if cur and (gt(cur, ARGV[1]) or (cur == ARGV[1] and redis.call('HEXISTS', KEYS[1], 'tomb') == 1)) then
   -- Nothing to replace, but the row changed around this version: a fill lease issued before this

@@ -12,10 +12,6 @@
 -- With KEYS[2], an entry of the same version but another signature is replaced when ARGV[6] is the
 -- namespace's active or pending signature (a rebuild under a new model; never the other way round).
 -- returns {1, previous version or ''} when written, {0, current version} when rejected as stale
-local function gt(a, b)
-  if #a ~= #b then return #a > #b end
-  return a > b
-end
 local sig = ARGV[6] or ''
 local row = ARGV[7] or ''
 local cur = redis.call('HGET', KEYS[1], 'v')
@@ -32,26 +28,7 @@ if cur and not gt(ARGV[1], cur) then
     return {0, cur}
   end
 end
-local fields = {'v', ARGV[1], 'd', ARGV[2], 'c', ARGV[3]}
-local gone = {'tomb', 'l', 'le'}
-if sig ~= '' then
-  fields[#fields + 1] = 's'; fields[#fields + 1] = sig
-else
-  gone[#gone + 1] = 's'
-end
-if row ~= '' then
-  fields[#fields + 1] = 'k'; fields[#fields + 1] = row
-else
-  gone[#gone + 1] = 'k'
-end
--- set first, then drop: the key never vanishes mid-script (Redis Cluster slot migration)
-redis.call('HSET', KEYS[1], unpack(fields))
-redis.call('HDEL', KEYS[1], unpack(gone))
-if ARGV[4] ~= '0' then
-  redis.call('PEXPIRE', KEYS[1], ARGV[4])
-else
-  redis.call('PERSIST', KEYS[1])
-end
+set_entry(KEYS[1], {'v', ARGV[1], 'd', ARGV[2], 'c', ARGV[3]}, sig, row, ARGV[4])
 if ARGV[5] ~= '' then
   redis.call('PUBLISH', ARGV[5], 'w ' .. ARGV[1] .. ' ' .. KEYS[1])
 end

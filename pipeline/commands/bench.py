@@ -97,7 +97,7 @@ def bench(
             if entries > 0:
                 report["cutover"].append(_rekey(keyer, label, entries, cutover_batch, dim, seed))
     if redis_entries > 0:
-        from pipeline.bench_cutover import print_redis_cutover, redis_cutover
+        from pipeline.bench.cutover import print_redis_cutover, redis_cutover
 
         report["redis_cutover"] = redis_cutover(
             entries=redis_entries,

@@ -15,7 +15,8 @@ from connectors.runner import run_connector
 from pipeline.commands import EnvFile
 from pipeline.config import AllSettings, load_bindings, load_settings, setup_logging
 from pipeline.fence import fence_all
-from pipeline.telemetry import TelemetrySettings, configure_telemetry
+from pipeline.observe.otel import configure_telemetry
+from pipeline.settings import TelemetrySettings
 from schemas import Bindings
 
 log = logging.getLogger(__name__)

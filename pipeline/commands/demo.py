@@ -39,9 +39,9 @@ def demo(
     ] = None,
 ) -> None:
     """Start MariaDB, Redis and a Kafka broker locally, run connector + worker, drive changes, verify."""
-    from pipeline.demo import DemoError, run_demo
-    from pipeline.demo import Progress as DemoProgress
-    from pipeline.race import RaceConfig
+    from pipeline.demo.race import RaceConfig
+    from pipeline.demo.run import DemoError, run_demo
+    from pipeline.demo.run import Progress as DemoProgress
 
     bar = Progress(
         TextColumn("[bold]{task.description}"),

@@ -210,7 +210,7 @@ def sweep(
 ) -> None:
     """Delete the namespace's entries built under another signature than its active one (SCAN-based,
     safe on a live server: each deletion re-checks the entry in Lua). Tombstones and leases stay."""
-    from cache_writer.redis_tier import connect
+    from cache_writer.redis.tier import connect
     from cache_writer.settings import RedisSettings
     from cache_writer.sweep import sweep_namespace
 

@@ -16,8 +16,8 @@ from rich.table import Table
 
 from pipeline.commands import EnvFile
 from pipeline.config import load_settings
+from pipeline.observe.sla import SlaState, TargetState
 from pipeline.settings import WorkerSettings
-from pipeline.sla import SlaState, TargetState
 
 console = Console()
 

@@ -12,18 +12,15 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from cache_writer.redis_cluster import RedisClient
-from cache_writer.redis_tier import connect
+from cache_writer.layout import latest_verification_key
+from cache_writer.redis.pipeline import RedisClient
+from cache_writer.redis.tier import connect
 from pipeline.commands import EnvFile
 from pipeline.config import AllSettings, load_bindings
-from pipeline.verify import Verification, run_verification, stated_nines
+from pipeline.verify.judge import Verification, stated_nines
+from pipeline.verify.run import run_verification
 
 console = Console()
-
-
-def latest_key(prefix: str) -> str:
-    """Where the latest verification is kept (JSON), for the worker's /freshkey/verify and dashboard."""
-    return f"{prefix}:verify:latest"
 
 
 def verify(
@@ -68,7 +65,9 @@ def verify(
                 seed=seed,
                 version_source=settings.connector.version_source,
             )
-            await tiers[0][1].set(latest_key(settings.redis.key_prefix), orjson.dumps(result.to_json()))
+            await tiers[0][1].set(
+                latest_verification_key(settings.redis.key_prefix), orjson.dumps(result.to_json())
+            )
             return result
         finally:
             for _, client in tiers:

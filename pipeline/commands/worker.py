@@ -19,8 +19,8 @@ def worker(
     log_level: Annotated[str, typer.Option("--log-level")] = "info",
 ) -> None:
     """Run one worker; start as many as the change topic has partitions to share the load."""
+    from pipeline.app import create_app
     from pipeline.faust_app import FreshkeyWorker
-    from pipeline.worker import create_app
 
     settings = AllSettings.load(env_file)
     bindings = load_bindings(settings.bindings_path)
@@ -38,9 +38,7 @@ def worker(
             err=True,
         )
         raise typer.Exit(2) from None
-    app, _ = create_app(
-        settings.worker, settings.kafka, settings.redis, bindings, settings.l3, mysql=settings.mysql
-    )
+    worker_ = create_app(settings, bindings)
     FreshkeyWorker(
-        app, loglevel=log_level.lower(), quiet=True, shutdown_grace_s=settings.worker.shutdown_grace_s
+        worker_.app, loglevel=log_level.lower(), quiet=True, shutdown_grace_s=settings.worker.shutdown_grace_s
     ).execute_from_commandline()

@@ -8,8 +8,8 @@ Routes, on the Faust web server (bound to ``FRESHKEY_WORKER_WEB_BIND``, 127.0.0.
 - ``GET /freshkey/api/series?since=<unix s>``: :meth:`SeriesRecorder.snapshot` (per-second points from
   ``since`` on, a summary of the last minute), plus ``consumer`` (per partition of the change topic:
   state, acknowledged offset, high watermark, lag, age of the oldest waiting change; see
-  :class:`~pipeline.sla.PartitionProgress`) and ``routes`` (which optional routes this worker has, so
-  the page does not poll a route that is not there).
+  :class:`~pipeline.observe.progress.PartitionProgress`) and ``routes`` (which optional routes this
+  worker has, so the page does not poll a route that is not there).
 
 The page also reads ``/freshkey/stats`` and, when present, ``/freshkey/sla`` and ``/freshkey/verify``;
 without them it says "SLA: not configured" and "no verification yet".
@@ -23,13 +23,13 @@ from collections.abc import Mapping
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-from pipeline.web.series import SeriesRecorder
+from pipeline.observe.series import SeriesRecorder
 
 if TYPE_CHECKING:
     import faust
 
-    from pipeline.sla import ConsumerProgress
-    from pipeline.worker import ChangeProcessor
+    from pipeline.observe.progress import ConsumerProgress
+    from pipeline.processor import ChangeProcessor
 
 __all__ = ["OPTIONAL_ROUTES", "STATIC_FILES", "SeriesRecorder", "consumer_lag", "install_dashboard"]
 
@@ -102,9 +102,10 @@ def install_dashboard(
 def consumer_lag(app: Any, offsets: Mapping[str, int]) -> list[dict[str, Any]]:
     """Per partition: the worker's last acknowledged offset, the broker's high watermark, the lag.
 
-    ``offsets`` are ``{"topic/partition": last acknowledged offset}`` (:class:`~pipeline.stats.WorkerStats`).
-    The high watermark (next offset to be written) comes from the consumer's last fetch; ``None`` where
-    unknown (not assigned to this worker, not fetched yet, consumer not started), and then so is the lag.
+    ``offsets`` are ``{"topic/partition": last acknowledged offset}``
+    (:class:`~pipeline.observe.stats.WorkerStats`). The high watermark (next offset to be written) comes
+    from the consumer's last fetch; ``None`` where unknown (not assigned to this worker, not fetched yet,
+    consumer not started), and then so is the lag.
     """
     rows: dict[tuple[str, int], dict[str, Any]] = {}
     for key, offset in offsets.items():

@@ -24,9 +24,9 @@ from cache_writer.entries import Entry, read_namespace
 from connectors.checkpoint import CheckpointStore
 from connectors.database import read_table
 from connectors.settings import MySQLSettings
-from pipeline.catchup import connector_reached, fetch_stats, high_watermarks, worker_reached
-from pipeline.local_services import free_port, preexec_die_with_parent
-from pipeline.verify import VerifyReport, verify_namespace
+from pipeline.demo.catchup import connector_reached, fetch_stats, high_watermarks, worker_reached
+from pipeline.embedded import free_port, preexec_die_with_parent
+from pipeline.verify.judge import VerifyReport, verify_namespace
 from schemas import parse_bindings
 from tests.conftest import MySQLService
 

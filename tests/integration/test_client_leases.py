@@ -16,7 +16,7 @@ from cache_writer import CacheAction, RedisTier
 from cache_writer.client import CacheClient, FillResult, Hit, Miss, SyncCacheClient
 from cache_writer.entries import parse_entry
 from cache_writer.l1 import InvalidationListener, L1Cache, ThreadedInvalidationListener
-from cache_writer.redis_tier import invalidation_channel
+from cache_writer.layout import invalidation_channel
 
 pytestmark = pytest.mark.integration
 

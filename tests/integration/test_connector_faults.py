@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from connectors.checkpoint import CheckpointStore
-from pipeline.catchup import connector_reached
-from pipeline.local_services import (
+from pipeline.demo.catchup import connector_reached
+from pipeline.embedded import (
     LocalKafka,
     LocalMariaDB,
     MissingBinaryError,

@@ -17,9 +17,9 @@ import pytest
 import redis.asyncio as aioredis
 
 from cache_writer.client import CacheClient, Hit, Miss
-from cache_writer.keys import signature_key
+from cache_writer.layout import signature_key
 from connectors.settings import MySQLSettings
-from pipeline.verify import run_verification
+from pipeline.verify.run import run_verification
 from schemas import parse_bindings
 
 from .conftest import Pipeline

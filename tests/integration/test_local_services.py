@@ -17,14 +17,8 @@ from pathlib import Path
 import pymysql
 import pytest
 
-from pipeline import local_services
-from pipeline.local_services import (
-    LocalKafka,
-    LocalMariaDB,
-    LocalRedis,
-    MissingBinaryError,
-    ServiceStartError,
-)
+from pipeline.embedded import LocalKafka, LocalMariaDB, LocalRedis, MissingBinaryError, ServiceStartError
+from pipeline.embedded import process as local_services
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -207,7 +201,7 @@ def test_kafka_topic_produce_consume() -> None:
 _CHILD_SCRIPT = textwrap.dedent(
     """
     import sys, time
-    from pipeline.local_services import LocalKafka, LocalRedis
+    from pipeline.embedded import LocalKafka, LocalRedis
     redis_server = LocalRedis().start()
     kafka = LocalKafka().start()
     print(redis_server.pid, kafka.pid, redis_server.workdir, kafka.workdir, flush=True)

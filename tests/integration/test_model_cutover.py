@@ -22,12 +22,12 @@ from confluent_kafka import Producer
 from cache_writer.client import CacheClient, Hit, Miss
 from cache_writer.entries import parse_entry
 from cache_writer.hotness import HitRecorder
-from cache_writer.keys import entry_key, signature_key
 from cache_writer.l1 import InvalidationListener, L1Cache
-from cache_writer.redis_tier import invalidation_channel
+from cache_writer.layout import entry_key, invalidation_channel, signature_key
 from cache_writer.semantic import HashingTextEmbedder, KeyHashWeights, SemanticKeyer, format_key
 from connectors.settings import MySQLSettings
-from pipeline.verify import VerifyReport, run_verification
+from pipeline.verify.judge import VerifyReport
+from pipeline.verify.run import run_verification
 from schemas import parse_bindings
 
 from .conftest import Pipeline

@@ -27,14 +27,16 @@ from redis.exceptions import AskError, ClusterError, MovedError
 
 from cache_writer import CacheAction, Outcome, RedisTier
 from cache_writer.entries import Entry, parse_entry, read_namespace
-from cache_writer.keys import namespace_pattern
-from cache_writer.redis_cluster import run_pipeline
-from cache_writer.redis_tier import INVALIDATE_SHA, WRITE_SHA, _Recorder, connect
+from cache_writer.layout import namespace_pattern
+from cache_writer.redis import scripts
+from cache_writer.redis.pipeline import run_pipeline
+from cache_writer.redis.tier import connect
 from cache_writer.settings import RedisSettings
-from pipeline import local_services
-from pipeline.local_services import LocalRedisCluster, MissingBinaryError
+from pipeline.embedded import MissingBinaryError
+from pipeline.embedded import process as local_services
 from tests.conftest import RedisClusterService
-from tests.integration.test_redis_tier import EXPECTED, SCENARIOS, D, W, _naive_apply
+from tests.integration.test_redis_tier import EXPECTED, SCENARIOS, D, W, naive_apply
+from tests.support.redis_cluster import LocalRedisCluster
 
 pytestmark = pytest.mark.integration
 
@@ -89,7 +91,7 @@ def test_versions_only_go_forward_on_a_cluster(redis_cluster: RedisClusterServic
         tier: RedisTier, client: aioredis.RedisCluster
     ) -> tuple[Entry | None, Entry | None, list[Outcome]]:
         results = await tier.apply(actions)
-        await _naive_apply(client, naive_actions)  # type: ignore[arg-type]
+        await naive_apply(client, naive_actions)  # type: ignore[arg-type]
         return await _entry(client, key), await _entry(client, naive_key), [r.outcome for r in results]
 
     entry, naive, outcomes = run(redis_cluster, body)
@@ -439,15 +441,13 @@ def test_a_client_that_does_not_follow_ask_fails_the_same_check(redis_cluster: R
 
     async def body(tier: RedisTier, client: aioredis.RedisCluster) -> tuple[LoadReport, Migration]:
         async def no_ask_apply(actions: list[CacheAction]) -> None:
-            recorder = _Recorder()
-            for action in actions:
-                tier._queue(recorder, action)
+            commands = [tier.command(action) for action in actions]
             async with client.pipeline(transaction=False) as pipe:
-                for args in recorder.commands:
+                for args in commands:
                     pipe.execute_command(*args)
                 replies = await pipe.execute(raise_on_error=False, allow_redirections=False)
             failed = []
-            for args, reply in zip(recorder.commands, replies, strict=True):
+            for args, reply in zip(commands, replies, strict=True):
                 if isinstance(reply, MovedError):
                     await client.execute_command(*args)  # redis-py follows MOVED and updates its slot map
                 elif isinstance(reply, Exception):
@@ -483,9 +483,7 @@ def test_redis_py_own_ask_handling_fails_where_run_pipeline_does_not(
             stock: Any = None
             try:
                 async with client.pipeline(transaction=False) as pipe:
-                    recorder = _Recorder()
-                    tier._queue(recorder, W(keys[0], 2, b"stock"))
-                    pipe.execute_command(*recorder.commands[0])
+                    pipe.execute_command(*tier.command(W(keys[0], 2, b"stock")))
                     stock = await pipe.execute()
             except ClusterError as exc:
                 stock = exc
@@ -534,7 +532,7 @@ def test_a_script_flush_on_one_node_is_recovered_on_that_node(redis_cluster: Red
         results = await tier.apply(actions)
         loaded = {}
         for node in client.get_primaries():
-            exists = await node.execute_command("SCRIPT", "EXISTS", WRITE_SHA, INVALIDATE_SHA)
+            exists = await node.execute_command("SCRIPT", "EXISTS", scripts.WRITE.sha, scripts.INVALIDATE.sha)
             loaded[node.name] = all(exists)
         replies = await run_pipeline(client, [("HGET", a.key, "v") for a in actions])
         stored = sum(reply == b"4" for reply in replies)

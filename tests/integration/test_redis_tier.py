@@ -25,7 +25,7 @@ def D(key: str, version: int) -> CacheAction:
     return CacheAction("invalidate", key, version, 1)
 
 
-async def _naive_apply(client: aioredis.Redis, actions: Sequence[CacheAction]) -> None:
+async def naive_apply(client: aioredis.Redis, actions: Sequence[CacheAction]) -> None:
     """Protection off: what a writer without version checks does."""
     for a in actions:
         if a.kind == "write":
@@ -76,7 +76,7 @@ def test_versions_only_go_forward_and_a_naive_writer_goes_back(redis_url: str, n
         tier: RedisTier, client: aioredis.Redis
     ) -> tuple[Entry | None, Entry | None, list[Outcome]]:
         results = await tier.apply(actions)
-        await _naive_apply(client, naive_actions)
+        await naive_apply(client, naive_actions)
         return await _entry(client, key), await _entry(client, naive_key), [r.outcome for r in results]
 
     entry, naive, outcomes = run(redis_url, body)

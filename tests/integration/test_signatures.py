@@ -12,10 +12,10 @@ import pytest
 import redis.asyncio as aioredis
 
 from cache_writer import CacheAction, RedisTier
-from cache_writer.client import GET_OR_LEASE_SCRIPT, CacheClient, FillResult, Hit, Miss
-from cache_writer.keys import signature_key
+from cache_writer.client import CacheClient, FillResult, Hit, Miss
 from cache_writer.l1 import InvalidationListener, L1Cache
-from cache_writer.redis_tier import invalidation_channel
+from cache_writer.layout import invalidation_channel, signature_key
+from cache_writer.redis import scripts
 from cache_writer.signatures import SignatureRecord, read_signatures, set_signature
 from cache_writer.sweep import sweep_namespace
 from schemas.model_updates import SemVer, signature_order
@@ -96,7 +96,7 @@ def test_an_entry_of_another_signature_is_never_served_and_the_check_can_fail(re
         assert miss.lease.signature == S2 and miss.lease.held_version == 5
 
         # Protection off: the same read without the signature check serves the old model's entry.
-        sha = await r.script_load(GET_OR_LEASE_SCRIPT)
+        sha = await r.script_load(scripts.GET_OR_LEASE.text)
         unchecked = await r.evalsha(sha, 1, key, "token", 2000)  # type: ignore[misc]
         assert unchecked[0] == 1 and unchecked[2] == b'"old model"', "without the check it is served"
 

@@ -18,9 +18,9 @@ import pytest
 
 from connectors.heartbeat import HeartbeatProber, HeartbeatSettings, start_in_thread
 from connectors.settings import MySQLSettings
-from pipeline.catchup import fetch_stats
-from pipeline.local_services import free_port
-from pipeline.sla import SlaState, SlaViolation
+from pipeline.demo.catchup import fetch_stats
+from pipeline.embedded import free_port
+from pipeline.observe.sla import SlaState, SlaViolation
 
 from .conftest import Pipeline
 from .kafka_tools import read_topic

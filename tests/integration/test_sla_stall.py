@@ -4,7 +4,7 @@ Real services: MariaDB binlog -> connector -> Kafka -> worker -> Redis (``confte
 worker's writes are stalled with ``CLIENT PAUSE ... WRITE`` on its Redis: its agent has the change and
 cannot acknowledge it, while its web server keeps answering. The bindings have no heartbeat table and no
 commit-time column, so the only thing that can see the stall is the ``backlog_age`` target
-(``pipeline.sla.ConsumerProgress``).
+(``pipeline.observe.progress.ConsumerProgress``).
 
 The two pipeline tests need ``pipeline/worker.py`` to feed ``ConsumerProgress`` (the agent's received
 messages, the acknowledged offsets, the assignment, high watermarks and committed offsets) and to serve
@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaException
 
-from pipeline.catchup import fetch_stats
-from pipeline.local_services import free_port
-from pipeline.sla import SlaState, TargetState
-from pipeline.telemetry import BrokerOffsets
+from pipeline.demo.catchup import fetch_stats
+from pipeline.embedded import free_port
+from pipeline.observe.broker import BrokerOffsets
+from pipeline.observe.sla import SlaState, TargetState
 
 from .conftest import Pipeline
 
@@ -43,7 +43,7 @@ SLA_ENV = {
 }
 NOT_WIRED = (
     "the worker does not report the backlog_age target: pipeline/worker.py must feed "
-    "pipeline.sla.ConsumerProgress and pass it to SlaEvaluator(progress=...)"
+    "pipeline.observe.progress.ConsumerProgress and pass it to SlaEvaluator(progress=...)"
 )
 
 

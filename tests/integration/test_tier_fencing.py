@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from cache_writer.entries import parse_entry
-from pipeline.local_services import LocalRedis
+from pipeline.embedded import LocalRedis
 from tests.integration.conftest import Pipeline
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -19,7 +19,8 @@ from pydantic import SecretStr
 from cache_writer import entry_key
 from connectors.database import read_rows, read_table
 from connectors.settings import MySQLSettings
-from pipeline.verify import Verification, run_verification
+from pipeline.verify.judge import Verification
+from pipeline.verify.run import run_verification
 from schemas import Binding, encode_value, parse_bindings
 
 from .conftest import Pipeline

@@ -1,4 +1,4 @@
-"""pipeline.apply.plan: from a change event and its binding to versioned cache actions."""
+"""pipeline.plan.plan: from a change event and its binding to versioned cache actions."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from cache_writer import CacheAction, entry_key
-from pipeline.apply import BindError, commit_time_us, event_version, plan
+from pipeline.plan import BindError, commit_time_us, event_version, plan
 from schemas import Binding, ChangeEvent
 
 PREFIX = "fk"

@@ -36,10 +36,15 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from cache_writer.settings import L3Settings, RedisSettings
 from connectors.heartbeat import HeartbeatSettings
 from connectors.settings import ConnectorSettings, KafkaSettings, MySQLSettings
-from pipeline import demo
-from pipeline.settings import BindingSettings, HotnessSettings, ModelSettings, WorkerSettings
-from pipeline.sla import SlaSettings
-from pipeline.telemetry import TelemetrySettings
+from pipeline.demo import run as demo
+from pipeline.settings import (
+    BindingSettings,
+    HotnessSettings,
+    ModelSettings,
+    SlaSettings,
+    TelemetrySettings,
+    WorkerSettings,
+)
 from schemas import BindingError, parse_bindings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -419,7 +424,7 @@ def check_kafka(compose: Compose) -> Problems:
 def check_bindings_mount(compose: Compose) -> Problems:
     """The file mounted at FRESHKEY_BINDINGS exists, parses, is read-only and is the demo's bindings."""
     problems: Problems = []
-    want = parse_bindings(demo.BINDINGS, source="pipeline.demo.BINDINGS")
+    want = parse_bindings(demo.BINDINGS, source="pipeline.demo.run.BINDINGS")
     for name in APP_SERVICES:
         service = services(compose).get(name, {})
         target = effective_env(service, "FRESHKEY_BINDINGS", BindingSettings, "bindings")
@@ -442,10 +447,10 @@ def check_bindings_mount(compose: Compose) -> Problems:
         if [b.table for b in got.bindings] != [b.table for b in want.bindings]:
             problems.append(
                 f"{name}: {source} binds tables {[b.table for b in got.bindings]}, "
-                f"pipeline/demo.py BINDINGS binds {[b.table for b in want.bindings]}"
+                f"pipeline/demo/run.py BINDINGS binds {[b.table for b in want.bindings]}"
             )
         elif got != want:
-            problems.append(f"{name}: {source} differs from pipeline/demo.py BINDINGS: {got} != {want}")
+            problems.append(f"{name}: {source} differs from pipeline/demo/run.py BINDINGS: {got} != {want}")
     return problems
 
 
@@ -685,7 +690,7 @@ def test_init_sql_creates_the_demo_schema_and_grants(compose: Compose) -> None:
     statements = _sql_statements(init.read_text())
     for statement in _sql_statements(demo.SCHEMA):
         assert statement in statements, (
-            f"{init}: lacks (or differs from) pipeline/demo.py SCHEMA: {statement}"
+            f"{init}: lacks (or differs from) pipeline/demo/run.py SCHEMA: {statement}"
         )
     grant = "GRANT SELECT, REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO 'freshkey'@'%'"
     assert grant in statements, f"{init}: lacks `{grant}` (what freshkey doctor checks)"
@@ -972,11 +977,11 @@ def test_bindings_check_reports_other_tables(compose: Compose, tmp_path: Path) -
     services(broken)["worker"]["volumes"] = [f"{other}:/etc/freshkey/bindings.yaml:ro"]
     problems = check_bindings_mount(broken)
     assert any(
-        "binds tables ['freshkey_demo.assets'], pipeline/demo.py BINDINGS binds" in p for p in problems
+        "binds tables ['freshkey_demo.assets'], pipeline/demo/run.py BINDINGS binds" in p for p in problems
     ), problems
     other.write_text(demo.BINDINGS.replace("namespace: assets", "namespace: assets_v2"))
     problems = check_bindings_mount(broken)
-    assert any("differs from pipeline/demo.py BINDINGS" in p for p in problems), problems
+    assert any("differs from pipeline/demo/run.py BINDINGS" in p for p in problems), problems
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.sla import OBSERVATIONS_PER_PARTITION, ConsumerProgress, PartitionProgress, _Figures
+from pipeline.observe.progress import (
+    OBSERVATIONS_PER_PARTITION,
+    ConsumerProgress,
+    PartitionFigures,
+    PartitionProgress,
+)
 
 T0 = 1_800_000_000.0
 
@@ -233,7 +238,7 @@ def test_observations_are_bounded_and_ages_stay_lower_bounds() -> None:
 def test_existed_at_is_the_earliest_sighting_above_the_offset(
     observations: list[tuple[int, int]], offset: int
 ) -> None:
-    figures = _Figures()
+    figures = PartitionFigures()
     for high, at in observations:
         figures.observe(high, float(at))
     times = [at for high, at in observations if high > offset]

@@ -2,7 +2,7 @@
 
 Every PromQL expression in ``deploy/grafana/dashboards/*.json`` (panel targets, annotations, template
 variables) is taken apart by a small PromQL scanner; each metric name it uses must be in
-``pipeline.telemetry.PROMETHEUS_METRIC_NAMES`` (the series the worker and the connector can export), and
+``schemas.metrics.PROMETHEUS_METRIC_NAMES`` (the series the worker and the connector can export), and
 each label it filters, groups or labels a legend by must be one the code attaches (the ``ATTR_*``
 attribute keys as Prometheus writes them) or one Prometheus adds. A renamed metric or attribute then
 fails here instead of leaving an empty panel. The negative tests feed broken dashboards to the same
@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from pipeline import telemetry
-from pipeline.telemetry import PROMETHEUS_METRIC_NAMES
+from schemas.metrics import PROMETHEUS_METRIC_NAMES
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GRAFANA = REPO_ROOT / "deploy" / "grafana"

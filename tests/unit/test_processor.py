@@ -14,7 +14,7 @@ import pytest
 
 from cache_writer import ActionResult, CacheAction, Outcome, TierUnavailableError
 from cache_writer.retry import RetryPolicy
-from pipeline.worker import ChangeProcessor
+from pipeline.processor import ChangeProcessor
 from schemas import Binding, Bindings, ChangeEvent, encode
 
 PREFIX = "fk"

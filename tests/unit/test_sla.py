@@ -12,19 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.sla import (
-    BOUNDS,
-    BUCKETS,
-    GROWTH,
-    MIN_BUCKET_MS,
-    ConsumerProgress,
-    SlaEvaluator,
-    SlaSettings,
-    SlaState,
-    SlaViolation,
-    bucket_of,
-    quantile_from_buckets,
-)
+from pipeline.observe.progress import ConsumerProgress
+from pipeline.observe.sketch import BOUNDS, BUCKETS, GROWTH, MIN_BUCKET_MS, bucket_of, quantile_from_buckets
+from pipeline.observe.sla import SlaEvaluator, SlaState, SlaViolation
+from pipeline.settings import SlaSettings
 
 
 class Clock:
@@ -295,7 +286,7 @@ def test_sla_command_without_a_worker_exits_2() -> None:
     from typer.testing import CliRunner
 
     from pipeline.commands.sla import sla
-    from pipeline.local_services import free_port
+    from pipeline.embedded import free_port
 
     app = typer.Typer()
     app.command()(sla)

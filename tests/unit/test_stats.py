@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.stats import WorkerStats, percentile, summarize
+from pipeline.observe.stats import WorkerStats, percentile, summarize
 
 # Expected values computed by hand with numpy's default ("linear") method:
 # rank = (n - 1) * q / 100; result = v[floor(rank)] + (v[floor(rank) + 1] - v[floor(rank)]) * frac(rank).

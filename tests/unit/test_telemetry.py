@@ -1,4 +1,4 @@
-"""pipeline.telemetry: instruments and attributes (SDK in-memory reader), the Prometheus endpoint, traces."""
+"""pipeline.observe.otel: instruments and attributes (SDK in-memory reader), Prometheus endpoint, traces."""
 
 from __future__ import annotations
 
@@ -19,19 +19,19 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from cache_writer import CacheAction
-from pipeline.local_services import free_port
+from pipeline.embedded import free_port
 from pipeline.observe import STAGE_PLAN, STAGE_TRANSPORT
-from pipeline.sla import ConsumerProgress, SlaEvaluator, SlaSettings
-from pipeline.telemetry import (
-    LAG_BUCKETS_MS,
-    PROMETHEUS_METRIC_NAMES,
+from pipeline.observe.otel import (
     OtelObserver,
     TelemetryError,
-    TelemetrySettings,
     _outcomes_by_action,
     configure_telemetry,
     key_hash,
 )
+from pipeline.observe.progress import ConsumerProgress
+from pipeline.observe.sla import SlaEvaluator
+from pipeline.settings import SlaSettings, TelemetrySettings
+from schemas.metrics import LAG_BUCKETS_MS, PROMETHEUS_METRIC_NAMES
 
 
 def points(reader: InMemoryMetricReader) -> dict[str, list[Any]]:
@@ -214,7 +214,8 @@ def test_connector_metrics_through_the_global_api_in_a_fresh_process() -> None:
     script = textwrap.dedent(
         f"""
         import urllib.request
-        from pipeline.telemetry import TelemetrySettings, configure_telemetry
+        from pipeline.settings import TelemetrySettings
+        from pipeline.observe.otel import configure_telemetry
         from connectors import runner
         settings = TelemetrySettings(connector_prometheus_port={port})
         first = configure_telemetry(settings, service="connector")

@@ -8,7 +8,7 @@ import pytest
 
 from cache_writer.entries import Entry
 from connectors.database import BinlogPosition
-from pipeline.verify import (
+from pipeline.verify.judge import (
     EXIT_CLEAN,
     EXIT_STALE,
     EXIT_UNVERIFIABLE,

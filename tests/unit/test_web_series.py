@@ -14,10 +14,10 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from pipeline.observe import STAGE_PLAN, STAGE_SOURCE, STAGE_TRANSPORT, TIER_STAGE_PREFIX, Observers
-from pipeline.sla import ConsumerProgress
-from pipeline.stats import WorkerStats, percentile
+from pipeline.observe.progress import ConsumerProgress
+from pipeline.observe.series import RELATIVE_ACCURACY, SUMMARY_WINDOW_S, SeriesRecorder, Sketch
+from pipeline.observe.stats import WorkerStats, percentile
 from pipeline.web import STATIC_FILES, consumer_lag, install_dashboard
-from pipeline.web.series import RELATIVE_ACCURACY, SUMMARY_WINDOW_S, SeriesRecorder, Sketch
 
 
 class FakeClock:

@@ -15,24 +15,17 @@ from typer.testing import CliRunner
 
 from cache_writer import CacheAction
 from cache_writer.hotness import HitRecorder, parse_hits
-from cache_writer.keys import entry_key, namespace_prefix, signature_key, signature_key_of
 from cache_writer.l1 import L1Cache, parse_signature_broadcast
+from cache_writer.layout import entry_key, namespace_of, namespace_prefix, signature_key, signature_key_of
 from cache_writer.semantic import HashingTextEmbedder, KeyHashWeights, SemanticKeyer, format_key
 from cache_writer.semantic.exceptions import EmbeddingError
 from cache_writer.signatures import SignatureRecord, parse_signatures
-from pipeline.apply import BindError, plan, row_value, row_version
 from pipeline.commands.model import build_update, model_app
-from pipeline.hotness import (
-    decode_count,
-    hotness_score,
-    merge_count,
-    namespace_of,
-    split_by_namespace,
-    top_entries,
-)
+from pipeline.hotness import decode_count, hotness_score, merge_count, split_by_namespace, top_entries
 from pipeline.models import KeyRequest, ModelState, NamespaceModels, semantic_keys
+from pipeline.plan import BindError, plan, row_value, row_version
+from pipeline.processor import ChangeProcessor
 from pipeline.settings import HotnessSettings
-from pipeline.worker import ChangeProcessor
 from schemas import Binding, Bindings, ChangeEvent, encode
 from schemas.bindings import BindingError, parse_bindings
 from schemas.model_updates import ModelUpdate, SemVer, signature_order

@@ -1,7 +1,7 @@
 """What the worker reports as it goes: one small interface, several listeners.
 
-The worker calls an :class:`ApplyObserver` at each step; :class:`~pipeline.stats.WorkerStats` (the JSON
-stats page) and the OpenTelemetry instruments are listeners. ``stages`` maps a stage name to the ms
+The worker calls an :class:`ApplyObserver` at each step; :class:`~pipeline.observe.stats.WorkerStats`
+(the JSON stats page) and the OpenTelemetry instruments are listeners. ``stages`` maps a stage name to the ms
 spent in it; the stage names are the constants below.
 """
 

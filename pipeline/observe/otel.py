@@ -31,17 +31,43 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from opentelemetry import metrics, trace
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from opentelemetry.trace import Tracer
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from cache_writer import CacheAction
 from connectors.exceptions import ConfigurationError
-from pipeline.sla import ConsumerProgress, SlaState, SlaViolation
+from pipeline.observe.progress import ConsumerProgress
+from pipeline.observe.sla import SlaState, SlaViolation
+from pipeline.settings import TelemetrySettings
+from schemas.metrics import (
+    ATTR_COARSE,
+    ATTR_KIND,
+    ATTR_NAMESPACE,
+    ATTR_OUTCOME,
+    ATTR_PARTITION,
+    ATTR_STAGE,
+    ATTR_TARGET,
+    ATTR_TIER,
+    ATTR_TOPIC,
+    CACHE_OUTCOMES,
+    CONSUMER_BACKLOG_AGE,
+    CONSUMER_LAG,
+    CONSUMER_UNKNOWN_PARTITIONS,
+    EVENTS,
+    LAG,
+    LAG_BUCKETS_MS,
+    LEASES_VOIDED,
+    SCOPE,
+    SLA_LAG_P99,
+    SLA_VIOLATED,
+    SLA_VIOLATIONS,
+    SLA_WINDOW_RATIO,
+    STAGE_BUCKETS_MS,
+    STAGE_DURATION,
+)
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.metrics import MeterProvider
@@ -50,163 +76,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SCOPE = "freshkey"
-"""Instrumentation scope (meter and tracer name) of the pipeline's own instruments."""
-
-# -- instrument names (OpenTelemetry) ----------------------------------------------------------------
-LAG = "freshkey.lag"
-STAGE_DURATION = "freshkey.stage.duration"
-EVENTS = "freshkey.events"
-CACHE_OUTCOMES = "freshkey.cache.outcomes"
-LEASES_VOIDED = "freshkey.leases.voided"
-CONSUMER_LAG = "freshkey.consumer.lag"
-CONSUMER_BACKLOG_AGE = "freshkey.consumer.backlog.age"
-CONSUMER_UNKNOWN_PARTITIONS = "freshkey.consumer.partitions.unknown"
-SLA_VIOLATIONS = "freshkey.sla.violations"
-SLA_VIOLATED = "freshkey.sla.violated"
-SLA_LAG_P99 = "freshkey.sla.lag.p99"
-SLA_WINDOW_RATIO = "freshkey.sla.window.ratio"
-CONNECTOR_ACK_LATENCY = "freshkey.connector.ack.latency"
-"""Recorded by ``connectors.runner`` (which cannot import this module: the name is repeated there)."""
-CONNECTOR_CHECKPOINT_AGE = "freshkey.connector.checkpoint.age"
-"""Observed by ``connectors.runner``."""
-
-# -- attribute keys ----------------------------------------------------------------------------------
-ATTR_NAMESPACE = "namespace"
-ATTR_COARSE = "coarse"
-ATTR_STAGE = "stage"
-ATTR_KIND = "kind"
-ATTR_TIER = "tier"
-ATTR_OUTCOME = "outcome"
-ATTR_TARGET = "target"
-ATTR_TOPIC = "messaging.destination.name"
-"""OpenTelemetry messaging semantic conventions (Prometheus label ``messaging_destination_name``)."""
-ATTR_PARTITION = "messaging.destination.partition.id"
-
-LAG_BUCKETS_MS: tuple[float, ...] = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 1500, 2000, 5000, 10000)
-"""Lag buckets: the SLA thresholds (200 ms, 1.5 s) are bucket bounds, so Prometheus can count exactly."""
-STAGE_BUCKETS_MS: tuple[float, ...] = (0.1, 0.25, 0.5, *LAG_BUCKETS_MS)
-
-_HISTOGRAMS = {
-    "freshkey_lag_milliseconds",
-    "freshkey_stage_duration_milliseconds",
-    "freshkey_connector_ack_latency_milliseconds",
-}
-_COUNTERS = {
-    "freshkey_events",
-    "freshkey_cache_outcomes",
-    "freshkey_leases_voided",
-    "freshkey_sla_violations",
-    "freshkey_connector_retries",
-    "freshkey_connector_oversize",
-    "freshkey_connector_gaps",
-}
-_GAUGES = {
-    "freshkey_consumer_lag",
-    "freshkey_sla_violated",
-    "freshkey_sla_lag_p99_milliseconds",
-    "freshkey_sla_window_ratio",
-    "freshkey_connector_checkpoint_age_seconds",
-    "freshkey_connector_connected",
-    "freshkey_consumer_backlog_age_milliseconds",
-    "freshkey_consumer_partitions_unknown",
-}
-PROMETHEUS_METRIC_NAMES: frozenset[str] = frozenset(
-    {f"{h}{suffix}" for h in _HISTOGRAMS for suffix in ("_bucket", "_sum", "_count")}
-    | {f"{c}_total" for c in _COUNTERS}
-    | _GAUGES
-    | {"target_info"}
-)
-"""Every series name the worker and the connector can export on their Prometheus endpoints."""
-
-
-class BrokerFigures(NamedTuple):
-    """One reading of :class:`BrokerOffsets`: partition -> high watermark, and -> committed offset."""
-
-    highs: dict[int, int]
-    committed: dict[int, int | None]
-    """The group's committed offset (the next one to consume); None: the group committed none there."""
-
-
-class BrokerOffsets:
-    """A topic's high watermarks and a consumer group's committed offsets, read straight from the broker.
-
-    What :class:`~pipeline.sla.ConsumerProgress` needs to tell "caught up" from "unknown" for partitions
-    the worker has received nothing on (a quiet partition after a restart, an agent that died before its
-    first message) and for the partitions it does not hold (before it joined its group). A librdkafka
-    client that never subscribes: it does not join the group and commits nothing, it only asks (one
-    ListOffsets per partition and one OffsetFetch: about 1 ms here for 3 partitions).
-
-    Blocking: call :meth:`read` in a thread. It raises ``confluent_kafka.KafkaException`` when the broker
-    does not answer within ``timeout_s`` or the topic does not exist. Some brokers answer ListOffsets
-    with less than the log end (Tansu, measured here: the last record batch's base offset + 1); the
-    progress keeps the highest figure from any source, and the consumer's own (fetch) high watermarks
-    are exact there.
-    """
-
-    def __init__(self, bootstrap: str, *, group_id: str, topic: str, timeout_s: float = 5.0) -> None:
-        self.bootstrap = bootstrap
-        self.group_id = group_id
-        self.topic = topic
-        self.timeout_s = timeout_s
-        self._consumer: Any = None
-        self._lock = threading.Lock()
-
-    def read(self) -> BrokerFigures:
-        from confluent_kafka import KafkaError, KafkaException, TopicPartition
-
-        with self._lock:
-            if self._consumer is None:
-                from confluent_kafka import Consumer
-
-                self._consumer = Consumer(
-                    {
-                        "bootstrap.servers": self.bootstrap,
-                        "group.id": self.group_id,
-                        "enable.auto.commit": False,
-                        "enable.auto.offset.store": False,
-                        "logger": log,
-                    }
-                )
-            consumer = self._consumer
-            metadata = consumer.list_topics(self.topic, timeout=self.timeout_s).topics.get(self.topic)
-            if metadata is None or metadata.error is not None:
-                error = metadata.error if metadata is not None else None
-                raise KafkaException(error or KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART))
-            partitions = sorted(metadata.partitions)
-            highs = {
-                p: int(consumer.get_watermark_offsets(TopicPartition(self.topic, p), self.timeout_s)[1])
-                for p in partitions
-            }
-            committed = consumer.committed(
-                [TopicPartition(self.topic, p) for p in partitions], timeout=self.timeout_s
-            )
-        return BrokerFigures(highs, {tp.partition: tp.offset if tp.offset >= 0 else None for tp in committed})
-
-    def close(self) -> None:
-        with self._lock:
-            if self._consumer is not None:
-                self._consumer.close()
-                self._consumer = None
-
 
 class TelemetryError(ConfigurationError):
     """Telemetry is configured in a way that cannot work (e.g. OTLP asked for, its extra missing)."""
-
-
-class TelemetrySettings(BaseSettings):
-    """Where metrics and traces go. The Prometheus endpoints listen on localhost unless configured."""
-
-    model_config = SettingsConfigDict(env_prefix="FRESHKEY_TELEMETRY_", extra="ignore")
-
-    prometheus_bind: str = "127.0.0.1"
-    prometheus_port: int = Field(9464, ge=0, le=65535, description="Worker's /metrics port; 0: off.")
-    connector_prometheus_port: int = Field(9465, ge=0, le=65535, description="Connector's port; 0: off.")
-    otlp_endpoint: str | None = Field(
-        None, description="OTLP/HTTP traces endpoint, e.g. http://127.0.0.1:4318/v1/traces (extra 'otlp')."
-    )
-    trace_sample_every: int = Field(100, ge=0, description="Trace one cache action in N; 0: none.")
-    consumer_lag_interval_s: float = Field(2.0, gt=0, description="How often consumer lag is sampled.")
 
 
 @dataclass
@@ -358,7 +230,7 @@ class _Event(Protocol):
 
 
 class PlannedChange(Protocol):
-    """What the tracer needs of one planned change (``pipeline.worker.Planned`` is one)."""
+    """What the tracer needs of one planned change (``pipeline.processor.Planned`` is one)."""
 
     @property
     def binding(self) -> _Binding: ...
@@ -388,8 +260,8 @@ class OtelObserver:
     Instruments come from ``meter`` (default: the API's global meter named :data:`SCOPE`).
 
     Consumer lag per partition: with :meth:`watch_progress` (the worker's
-    :class:`~pipeline.sla.ConsumerProgress`), what it knows of the change topic: a partition with no
-    figure has no ``freshkey.consumer.lag`` observation (never a 0) and is counted by
+    :class:`~pipeline.observe.progress.ConsumerProgress`), what it knows of the change topic: a partition
+    with no     figure has no ``freshkey.consumer.lag`` observation (never a 0) and is counted by
     ``freshkey.consumer.partitions.unknown``; ``freshkey.consumer.backlog.age`` is the age of its oldest
     waiting change. Without it, the last high watermark given to :meth:`set_high_watermarks` minus the
     next offset to process (the last acknowledged one + 1), for partitions with both figures.

@@ -31,15 +31,10 @@ from cache_writer.entries import Entry, read_namespace
 from connectors.checkpoint import CheckpointStore
 from connectors.database import read_table
 from connectors.settings import MySQLSettings
-from pipeline.catchup import connector_reached, fetch_stats, high_watermarks, worker_reached
-from pipeline.local_services import (
-    LocalKafka,
-    LocalMariaDB,
-    LocalRedis,
-    free_port,
-)
-from pipeline.race import RaceConfig, RaceReaders
-from pipeline.verify import Verdict, VerifyReport, judge, verify_namespace
+from pipeline.demo.catchup import connector_reached, fetch_stats, high_watermarks, worker_reached
+from pipeline.demo.race import RaceConfig, RaceReaders
+from pipeline.embedded import LocalKafka, LocalMariaDB, LocalRedis, free_port
+from pipeline.verify.judge import Verdict, VerifyReport, judge, verify_namespace
 from schemas import parse_bindings
 
 DATABASE = "freshkey_demo"

@@ -1,7 +1,7 @@
 """From a change event and its binding to the cache actions that make every tier agree with the row.
 
-Pure: no I/O. The Faust agent (``pipeline.worker``) decodes, calls :func:`plan`, applies the actions to
-the tiers and records the outcomes.
+Pure: no I/O. The processor (``pipeline.processor``) decodes, calls :func:`plan`, applies the actions
+to the tiers and records the outcomes.
 """
 
 from __future__ import annotations

@@ -5,14 +5,12 @@ script cache was flushed) reloads them and retries just the refused actions, in 
 
 On a Redis Cluster (``FRESHKEY_REDIS_CLUSTER=true``) the same batch goes out as one non-transactional
 pipeline per node; MOVED, ASK and TRYAGAIN during a slot migration are followed and NOSCRIPT is answered
-on the node that refused, see :mod:`cache_writer.redis_cluster`.
+on the node that refused, see :mod:`cache_writer.redis.pipeline`.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
-from importlib import resources
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -20,24 +18,11 @@ from redis.exceptions import NoScriptError, RedisError
 
 from cache_writer.entries import scan_keys
 from cache_writer.exceptions import TierUnavailableError
-from cache_writer.keys import signature_key_of
-from cache_writer.redis_cluster import RedirectStats, RedisClient, run_pipeline
+from cache_writer.layout import invalidation_channel, signature_key_of
+from cache_writer.redis import scripts
+from cache_writer.redis.pipeline import RedirectStats, RedisClient, run_pipeline
 from cache_writer.settings import RedisSettings
 from cache_writer.tier import ActionResult, CacheAction, Outcome
-
-
-def _script(name: str) -> tuple[str, str]:
-    text = resources.files("cache_writer").joinpath("lua", name).read_text()
-    return text, hashlib.sha1(text.encode()).hexdigest()
-
-
-WRITE_SCRIPT, WRITE_SHA = _script("write_if_newer.lua")
-INVALIDATE_SCRIPT, INVALIDATE_SHA = _script("invalidate_if_not_newer.lua")
-
-
-def invalidation_channel(prefix: str) -> str:
-    """The Pub/Sub channel on which every applied write and tombstone is announced (README layout)."""
-    return f"{prefix}:invalidations"
 
 
 def connect(settings: RedisSettings) -> RedisClient:
@@ -91,16 +76,17 @@ class RedisTier:
     async def load_scripts(self) -> None:
         """Load both scripts (on a cluster: on every primary, which is where SCRIPT LOAD goes)."""
         try:
-            await self._client.script_load(WRITE_SCRIPT)
-            await self._client.script_load(INVALIDATE_SCRIPT)
+            await self._client.script_load(scripts.WRITE.text)
+            await self._client.script_load(scripts.INVALIDATE.text)
         except RedisError as exc:
             raise TierUnavailableError(self.name, exc) from exc
 
-    def _queue(self, pipe: Any, action: CacheAction) -> None:
+    def command(self, action: CacheAction) -> tuple[Any, ...]:
+        """The EVALSHA command (arguments) that applies ``action`` in this tier."""
         if action.kind == "write" and (action.signature is not None or action.row is not None):
-            pipe.execute_command(
+            return (
                 "EVALSHA",
-                WRITE_SHA,
+                scripts.WRITE.sha,
                 2,
                 action.key,
                 signature_key_of(action.key),
@@ -113,9 +99,9 @@ class RedisTier:
                 action.row or "",
             )
         elif action.kind == "write":
-            pipe.execute_command(
+            return (
                 "EVALSHA",
-                WRITE_SHA,
+                scripts.WRITE.sha,
                 1,
                 action.key,
                 action.version,
@@ -125,9 +111,9 @@ class RedisTier:
                 self._channel,
             )
         else:
-            pipe.execute_command(
+            return (
                 "EVALSHA",
-                INVALIDATE_SHA,
+                scripts.INVALIDATE.sha,
                 1,
                 action.key,
                 action.version,
@@ -137,14 +123,12 @@ class RedisTier:
             )
 
     async def apply(self, actions: Sequence[CacheAction]) -> list[ActionResult]:
-        recorder = _Recorder()
-        for action in actions:
-            self._queue(recorder, action)
+        commands = [self.command(action) for action in actions]
         try:
             replies = await run_pipeline(
                 self._client,
-                recorder.commands,
-                scripts=(WRITE_SCRIPT, INVALIDATE_SCRIPT),
+                commands,
+                scripts=(scripts.WRITE.text, scripts.INVALIDATE.text),
                 stats=self.redirects,
             )
         except RedisError as exc:
@@ -189,16 +173,6 @@ class RedisTier:
 
     async def close(self) -> None:
         await self._client.aclose()
-
-
-class _Recorder:
-    """Stands in for a pipeline in ``_queue``: keeps each command's arguments for ``run_pipeline``."""
-
-    def __init__(self) -> None:
-        self.commands: list[tuple[Any, ...]] = []
-
-    def execute_command(self, *args: Any) -> None:
-        self.commands.append(args)
 
 
 TRANSIENT_ERROR_PREFIXES = (

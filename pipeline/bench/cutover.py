@@ -20,14 +20,13 @@ from rich.table import Table
 
 from cache_writer import RedisTier
 from cache_writer.client import CacheClient, Hit
-from cache_writer.keys import entry_key, signature_key
-from cache_writer.redis_tier import invalidation_channel
+from cache_writer.layout import entry_key, invalidation_channel, signature_key
 from cache_writer.semantic import KeyHashWeights, SemanticKeyer, format_key
 from cache_writer.signatures import SignatureRecord, set_signature
 from connectors.settings import MySQLSettings
 from pipeline.cutover import Cutovers
+from pipeline.embedded import LocalRedis
 from pipeline.loaders import Loaders, RowLoader
-from pipeline.local_services import LocalRedis
 from pipeline.models import ModelRegistry
 from pipeline.settings import ModelSettings
 from schemas import Binding, Bindings, encode_value

@@ -199,7 +199,7 @@ class SeriesRecorder:
             sketch.add(ms)
 
     def on_offset(self, topic: str, partition: int, offset: int) -> None:
-        """Offsets are in :class:`~pipeline.stats.WorkerStats`; nothing per second to keep."""
+        """Offsets are in :class:`~pipeline.observe.stats.WorkerStats`; nothing per second to keep."""
 
     # -- reading ---------------------------------------------------------------------------------------
     def snapshot(self, since: float | None = None) -> dict[str, Any]:

@@ -23,7 +23,7 @@ import redis.asyncio as aioredis
 
 from cache_writer.client import CacheClient, FillResult, Hit
 from cache_writer.l1 import InvalidationListener, L1Cache
-from cache_writer.redis_tier import invalidation_channel
+from cache_writer.layout import invalidation_channel
 from schemas import Binding, column_version, encode_value, row_to_json
 
 

@@ -1,0 +1,82 @@
+"""SLA evaluation and consumer progress: the timers that judge the targets and publish transitions, and
+the figures (assignment, high watermarks, committed offsets) the backlog target needs."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from connectors.exceptions import ConfigurationError
+from connectors.topics import ensure_topics
+from pipeline.context import Worker
+from pipeline.observe.sla import SlaViolation
+
+log = logging.getLogger(__name__)
+
+
+def install(w: Worker) -> None:
+    app, settings = w.app, w.settings
+    change_topic = settings.kafka.change_topic
+    violations_ready = asyncio.Event()
+    pending: list[SlaViolation] = []
+
+    @app.task
+    async def create_violations_topic() -> None:
+        try:
+            await asyncio.to_thread(ensure_topics, settings.kafka, [settings.sla.violations_topic])
+        except ConfigurationError as exc:
+            log.error("SLA violations will not be published: %s", exc)
+            return
+        violations_ready.set()
+
+    @app.timer(settings.sla.evaluation_interval_s)
+    async def evaluate_sla() -> None:
+        _, transitions = w.sla.evaluate()
+        for event in transitions:
+            w.otel.on_sla_event(event)
+            log.log(logging.WARNING if event.kind == "violation" else logging.INFO, "%s", event.message)
+        pending.extend(transitions)
+        while pending and violations_ready.is_set():
+            await w.topics["violations"].send(key=w.sla.worker.encode(), value=pending[0].to_json())
+            pending.pop(0)
+
+    async def refresh_progress() -> None:
+        """Feed ConsumerProgress: the change topic's partitions assigned here, every partition's high
+        watermark (the consumer's fetch figure where it has one, else the broker's) and the group's
+        committed offsets. What cannot be read stays unknown, and counts against the SLA."""
+        assigned: list[Any] = []
+        try:
+            assigned = [tp for tp in app.consumer.assignment() if tp.topic == change_topic]
+        except Exception as exc:  # the consumer has not started: nothing is assigned
+            log.debug("no assignment yet: %r", exc)
+        w.progress.set_assignment(tp.partition for tp in assigned)
+        highs: dict[int, int] = {}
+        for tp in assigned:
+            try:
+                high = app.consumer.highwater(tp)
+            except Exception:  # not fetched yet, or rebalancing
+                continue
+            if isinstance(high, int) and high >= 0:
+                highs[tp.partition] = high
+        try:
+            figures = await asyncio.to_thread(w.broker_offsets.read)
+        except Exception as exc:  # broker unreachable or slow: the figures stay as they were
+            log.debug("no offsets from the broker: %r", exc)
+        else:
+            w.progress.set_committed(figures.committed)
+            for partition, high in figures.highs.items():
+                highs[partition] = max(high, highs.get(partition, high))
+        w.progress.set_high_watermarks(highs)
+
+    @app.timer(settings.telemetry.consumer_lag_interval_s)
+    async def sample_high_watermarks() -> None:
+        await refresh_progress()
+
+    async def on_partitions_assigned(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
+        # Right after each rebalance (even one that leaves this worker nothing): the timer only ticks
+        # every interval.
+        assigned = args[0] if args else kwargs.get("assigned", ())
+        w.progress.set_assignment(tp.partition for tp in assigned if tp.topic == change_topic)
+
+    app.on_partitions_assigned.connect(on_partitions_assigned)

@@ -1,0 +1,154 @@
+"""The worker's Faust app: wiring only. What each part does is in its own module.
+
+- ``pipeline.processor``: a batch of change messages -> planned cache actions -> every tier;
+- ``pipeline.agents.changes``: the change agent (offsets acknowledged after every tier answered);
+- ``pipeline.agents.models`` / ``.hotness``: model updates, hit counts and cutovers (``pipeline.cutover``);
+- ``pipeline.agents.sla``: SLA evaluation and consumer progress;
+- ``pipeline.tiers``: the cache tiers, their fencing and recovery; ``pipeline.dead_letters``;
+- ``pipeline.web``: the dashboard and the JSON routes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+from cache_writer.retry import RetryPolicy
+from connectors.database import primary_key, table_columns
+from pipeline.agents import changes, hotness, models, sla
+from pipeline.config import AllSettings
+from pipeline.context import SignatureLog, Worker
+from pipeline.cutover import Cutovers
+from pipeline.dead_letters import DeadLetterWriter
+from pipeline.faust_app import FreshkeyApp
+from pipeline.loaders import Loaders
+from pipeline.models import ModelRegistry
+from pipeline.observe.broker import BrokerOffsets
+from pipeline.observe.otel import OtelObserver, configure_telemetry
+from pipeline.observe.progress import ConsumerProgress
+from pipeline.observe.sla import SlaEvaluator
+from pipeline.processor import ChangeProcessor
+from pipeline.tiers import Tiers
+from pipeline.web import install_dashboard
+from pipeline.web.api import install_api
+from schemas import Binding, Bindings
+
+
+def create_app(settings: AllSettings, bindings: Bindings) -> Worker:
+    """The worker: its Faust app with every agent, timer and page installed. Installs the OpenTelemetry
+    SDK (this is the worker's entry point)."""
+    worker, kafka, redis = settings.worker, settings.kafka, settings.redis
+    app = FreshkeyApp(
+        worker.app_id,
+        fetch_max_wait_ms=worker.fetch_max_wait_ms,
+        broker=f"kafka://{kafka.bootstrap}",
+        value_serializer="raw",
+        key_serializer="raw",
+        datadir=str(worker.data_dir),
+        web_bind=worker.web_bind,
+        web_port=worker.web_port,
+        web_host=worker.web_bind,
+        consumer_auto_offset_reset="earliest",
+        broker_commit_interval=worker.commit_interval_s,
+        broker_session_timeout=worker.session_timeout_s,
+        broker_heartbeat_interval=max(worker.session_timeout_s / 5, 0.5),
+        broker_rebalance_timeout=max(worker.session_timeout_s, 10.0),
+        topic_disable_leader=True,
+        topic_partitions=kafka.partitions,
+        producer_acks=-1,
+        producer_max_request_size=kafka.max_message_bytes,
+        consumer_max_fetch_size=kafka.max_fetch_bytes,
+        # A stopping or rebalancing worker does not wait for its unacknowledged batch: it is replayed.
+        stream_wait_empty=False,
+    )
+    topics = {
+        "changes": app.topic(kafka.change_topic, partitions=kafka.partitions, internal=False),
+        "dead_letters": app.topic(kafka.dead_letter_topic, internal=False),
+        "model_updates": app.topic(kafka.model_update_topic, internal=False),
+        "hotness": app.topic(kafka.hotness_topic, partitions=kafka.partitions, internal=False),
+        "violations": app.topic(settings.sla.violations_topic, internal=False),
+    }
+    registry = ModelRegistry(
+        bindings, prefix=redis.key_prefix, device=worker.device, weights_dir=settings.model.weights_dir
+    )
+    fence_after_s = (
+        worker.fence_after_s if worker.fence_after_s is not None else settings.sla.window_ms / 1000
+    )
+    policy = RetryPolicy(fence_after_s=fence_after_s)
+    processor = ChangeProcessor(bindings, [], key_prefix=redis.key_prefix, models=registry, policy=policy)
+
+    async def columns_of(binding: Binding) -> tuple[str, ...]:
+        return await asyncio.to_thread(table_columns, settings.mysql, binding.database, binding.table_name)
+
+    async def key_columns_of(binding: Binding) -> tuple[str, ...]:
+        if binding.key_columns is not None:
+            return binding.key_columns
+        return await asyncio.to_thread(primary_key, settings.mysql, binding.database, binding.table_name)
+
+    cutovers = Cutovers(
+        bindings,
+        registry,
+        prefix=redis.key_prefix,
+        settings=settings.model,
+        columns_of=columns_of,
+        key_columns_of=key_columns_of,
+        loaders=Loaders(settings.mysql),
+    )
+
+    configure_telemetry(settings.telemetry, service="worker")
+    progress = ConsumerProgress(
+        kafka.change_topic,
+        partitions=kafka.partitions,
+        window_ms=settings.sla.window_ms,
+        refresh_interval_s=settings.telemetry.consumer_lag_interval_s,
+    )
+    heartbeat = bindings.for_table(settings.heartbeat.database, settings.heartbeat.table)
+    evaluator = SlaEvaluator(
+        settings.sla,
+        progress=progress,
+        worker=f"{socket.gethostname()}:{worker.web_port}",
+        heartbeat_namespace=heartbeat.namespace if heartbeat else None,
+        heartbeat_interval_ms=settings.heartbeat.interval_ms,
+    )
+    otel = OtelObserver(trace_sample_every=settings.telemetry.trace_sample_every)
+    otel.watch_sla(lambda: evaluator.state)
+    otel.watch_progress(progress)
+    for observer in (progress, evaluator, otel):
+        processor.observers.add(observer)
+
+    signature_log = SignatureLog()
+    w = Worker(
+        settings=settings,
+        bindings=bindings,
+        app=app,
+        topics=topics,
+        processor=processor,
+        registry=registry,
+        cutovers=cutovers,
+        tiers=Tiers(
+            settings,
+            bindings.bindings,
+            processor,
+            cutovers,
+            spawn=app.add_future,
+            on_fence=lambda namespace, cause: signature_log.add(namespace, cause),
+        ),
+        dead_letters=DeadLetterWriter(topics["dead_letters"], kafka, policy, processor.observers),
+        sla=evaluator,
+        otel=otel,
+        progress=progress,
+        broker_offsets=BrokerOffsets(kafka.bootstrap, group_id=worker.app_id, topic=kafka.change_topic),
+        signature_log=signature_log,
+    )
+
+    @app.task
+    async def connect_tiers() -> None:
+        await w.tiers.connect()
+
+    changes.install(w)
+    models.install(w)
+    hotness.install(w)
+    sla.install(w)
+    install_api(w)
+    install_dashboard(app, processor, progress=progress)
+    return w

@@ -1,0 +1,1 @@
+"""Benchmarks (`freshkey bench`): figures, not tests."""

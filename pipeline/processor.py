@@ -1,0 +1,405 @@
+"""The change processor: a batch of raw change messages -> planned cache actions -> every tier.
+
+Independent of Faust's types, so it is tested and benchmarked without a broker. The Faust agent
+(``pipeline.agents.changes``) feeds it batches and acknowledges them once it returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cache_writer import (
+    ActionResult,
+    CacheAction,
+    CacheTier,
+    Outcome,
+    TierUnavailableError,
+    entry_key,
+)
+from cache_writer.retry import RetryPolicy, TierGuard
+from cache_writer.semantic.exceptions import EmbeddingError
+from pipeline.models import (
+    NO_MODEL,
+    KeyRequest,
+    ModelRegistry,
+    NamespaceModels,
+    semantic_keys,
+)
+from pipeline.observe import (
+    STAGE_PLAN,
+    STAGE_SOURCE,
+    STAGE_TRANSPORT,
+    TIER_STAGE_PREFIX,
+    Observers,
+)
+from pipeline.observe.stats import WorkerStats
+from pipeline.outages import OUTAGES
+from pipeline.plan import BindError, commit_time_us, plan
+from schemas import Binding, Bindings, ChangeEvent, DdlEvent, DecodeError, decode
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    index: int
+    event: ChangeEvent
+    binding: Binding
+    actions: list[CacheAction]
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """A message that cannot be processed: it goes to the dead-letter topic with ``stage`` and ``reason``."""
+
+    index: int
+    stage: str
+    reason: str
+
+
+@dataclass
+class Prepared:
+    planned: list[Planned]
+    rejects: list[Reject]
+    ddl: list[DdlEvent]
+    fences: dict[str, str]
+    """Namespaces to fence before the batch is applied, with the reason (oversized rows whose entry keys
+    cannot be computed without the row)."""
+
+
+def describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:1000]
+
+
+class ChangeProcessor:
+    """Turns a batch of raw messages into tier writes and reports to its observers.
+
+    Independent of Faust's types, so it is tested and benchmarked without a broker. Per-message failures
+    of any kind (decode, bind, keys, a value a tier refuses) become :class:`Reject`s; only outages are
+    raised (:data:`OUTAGES`), so the caller retries the batch.
+    """
+
+    def __init__(
+        self,
+        bindings: Bindings,
+        tiers: Sequence[CacheTier],
+        *,
+        key_prefix: str,
+        stats: WorkerStats | None = None,
+        models: ModelRegistry | None = None,
+        policy: RetryPolicy | None = None,
+    ) -> None:
+        self.bindings = bindings
+        self.tiers = list(tiers)
+        self.key_prefix = key_prefix
+        self.stats = stats or WorkerStats()
+        self.observers = Observers([self.stats])
+        self.models = models
+        self.policy = policy or RetryPolicy()
+        self.guards: dict[str, TierGuard] = {}
+        self.on_outer_fenced: Callable[[CacheTier], Awaitable[None]] | None = None
+        """Called once when an outer tier is fenced (mark it for readers, start its recovery)."""
+        self.on_primary_back: Callable[[], Awaitable[None]] | None = None
+        """Called when L2 answers again after an outage past the fence bound, before anything else is
+        applied (fences every namespace there)."""
+
+    def guard(self, tier: CacheTier) -> TierGuard:
+        guard = self.guards.get(tier.name)
+        if guard is None:
+            guard = self.guards[tier.name] = TierGuard(tier.name, self.policy)
+        return guard
+
+    async def prepare(self, messages: Sequence[tuple[bytes | None, bytes | None]]) -> Prepared:
+        """Decode, read the namespaces' model state, key and plan (see the class docstring).
+
+        A change of a semantic binding whose after image cannot be keyed is planned without that write
+        (its before image's key is still invalidated) and also rejected (stage ``semantic-key``).
+        """
+        bound: list[tuple[int, ChangeEvent, Binding]] = []
+        prepared = Prepared([], [], [], {})
+        for index, (_key, value) in enumerate(messages):
+            try:
+                event = decode(value if value is not None else b"")
+            except DecodeError as exc:
+                prepared.rejects.append(Reject(index, "decode", exc.reason))
+                continue
+            except Exception as exc:  # the decoder itself failed on this input: still bad input
+                prepared.rejects.append(Reject(index, "decode", describe(exc)))
+                continue
+            if event.kind == "ddl":
+                self.observers.on_event("ddl")
+                log.info("DDL on %s: %s", event.source.db, event.query[:200])
+                prepared.ddl.append(event)
+                continue
+            binding = self.bindings.for_table(event.source.db, event.source.table)
+            if binding is None:
+                self.observers.on_event("unbound")
+                continue
+            bound.append((index, event, binding))
+        models: dict[str, NamespaceModels] = {}
+        if self.models is not None and bound and self.tiers:
+            models = await self.models.refresh(
+                self.tiers[0].client,  # type: ignore[attr-defined]
+                {binding.namespace for _, _, binding in bound},
+            )
+        keys = await self._semantic_keys(bound, models)
+        for index, event, binding in bound:
+            actions: list[CacheAction] | tuple[list[CacheAction], str]
+            try:
+                if event.oversize:
+                    actions = self._plan_oversize(event, binding, prepared)
+                else:
+                    actions = self._plan(index, event, binding, models.get(binding.namespace, NO_MODEL), keys)
+            except BindError as exc:
+                prepared.rejects.append(Reject(index, "bind", str(exc)))
+                continue
+            except OUTAGES:
+                raise
+            except Exception as exc:  # any other failure of this one change: dead letter, with its class
+                log.exception("planning %s failed", event.event_id)
+                prepared.rejects.append(Reject(index, "plan", describe(exc)))
+                continue
+            if isinstance(actions, tuple):
+                actions, reason = actions
+                prepared.rejects.append(Reject(index, "semantic-key", reason))
+            prepared.planned.append(Planned(index, event, binding, actions))
+        return prepared
+
+    def _plan_oversize(self, event: ChangeEvent, binding: Binding, prepared: Prepared) -> list[CacheAction]:
+        """A row too large for a message: invalidate its entry when its key and version are known from
+        the event alone (row-keyed by the primary key, binlog/GTID versions); else fence the namespace."""
+        self.observers.on_event("oversize")
+        key_columns = binding.key_columns or tuple(event.key)
+        if binding.semantic is None and binding.version_column is None and set(key_columns) <= set(event.key):
+            key = entry_key(self.key_prefix, binding.namespace, [event.key[c] for c in key_columns])
+            log.warning("oversized row of %s (key %s): its entry is invalidated", binding.table, event.key)
+            return [CacheAction("invalidate", key, event.version, event.commit_ts_us)]
+        prepared.fences.setdefault(
+            binding.namespace,
+            f"an oversized row of {binding.table} whose entry key or version needs the row itself "
+            "(raise FRESHKEY_KAFKA_MAX_MESSAGE_BYTES and the broker's limit to cache such rows)",
+        )
+        return []
+
+    async def _semantic_keys(
+        self, bound: Sequence[tuple[int, ChangeEvent, Binding]], models: dict[str, NamespaceModels]
+    ) -> dict[tuple[int, int, str], str | EmbeddingError]:
+        """Every image's key under every model state of its namespace, computed in one batch per keyer
+        and modality: before and after images of an update are keyed together (invariant 6 makes the
+        batch composition irrelevant to the keys). When the batch fails on something other than an
+        outage, each request is keyed alone, so one bad row cannot fail the others."""
+        requests: list[KeyRequest] = []
+        where: list[tuple[int, int, str]] = []
+        for index, event, binding in bound:
+            if binding.semantic is None or event.oversize:
+                continue
+            for position, state in enumerate(models.get(binding.namespace, NO_MODEL).keyed_states):
+                for role, image in (("before", event.before), ("after", event.after)):
+                    if image is not None:
+                        requests.append(KeyRequest(binding, state, image))
+                        where.append((index, position, role))
+        if not requests:
+            return {}
+        try:
+            keys = await asyncio.to_thread(semantic_keys, requests, self.key_prefix)
+        except OUTAGES:
+            raise
+        except Exception as exc:
+            log.warning("semantic keys of the batch failed (%r): keying each row alone", exc)
+            keys = []
+            for request in requests:
+                try:
+                    keys.extend(await asyncio.to_thread(semantic_keys, [request], self.key_prefix))
+                except OUTAGES:
+                    raise
+                except Exception as one:
+                    keys.append(EmbeddingError(describe(one)))
+        return dict(zip(where, keys, strict=True))
+
+    def _plan(
+        self,
+        index: int,
+        event: ChangeEvent,
+        binding: Binding,
+        models: NamespaceModels,
+        keys: dict[tuple[int, int, str], str | EmbeddingError],
+    ) -> list[CacheAction] | tuple[list[CacheAction], str]:
+        if binding.semantic is None:
+            active = models.active
+            if active is None:  # no signature yet: entries carry none
+                return plan(binding, event, prefix=self.key_prefix)
+            return plan(
+                binding,
+                event,
+                prefix=self.key_prefix,
+                signature_of=lambda image: active.signature_for(binding, image),
+            )
+        if not models.keyed_states:
+            self.observers.on_event("unkeyed")  # no model yet: no key can be computed, nothing cached
+            return []
+        actions: list[CacheAction] = []
+        failures: list[str] = []
+        roles = {id(event.before): "before", id(event.after): "after"}
+        for position, state in enumerate(models.keyed_states):
+
+            def key_of(image: Any, position: int = position) -> str | None:
+                key = keys[(index, position, roles[id(image)])]
+                if isinstance(key, EmbeddingError):
+                    if roles[id(image)] == "after" and binding.on_change == "write":
+                        failures.append(f"no semantic key for the new row: {key}")
+                    return None
+                return key
+
+            actions += plan(
+                binding,
+                event,
+                prefix=self.key_prefix,
+                key_of=key_of,
+                signature_of=lambda image, state=state: state.signature_for(binding, image),  # type: ignore[misc]
+            )
+        if failures:
+            return actions, failures[0]
+        return actions
+
+    async def apply(
+        self, planned: Sequence[Planned], *, received_ms: float, planned_ms: float
+    ) -> list[Reject]:
+        """Apply to every tier, then report per change; returns the changes a tier refused for good.
+
+        ``tiers`` are ordered inner (L2) to outer (L3...). Invalidations go outermost first, so no reader
+        can refill an inner tier from an outer one that still holds the old entry; writes go innermost
+        first. Within a tier the actions keep their order; across the two groups, the version checks
+        make the order irrelevant for the final state. A tier that does not answer is retried until it
+        does or until it is fenced (``cache_writer.retry``).
+        """
+        indexed = [(a, p) for p in planned for a in p.actions]
+        if not indexed:
+            return []
+        # Per key only the newest action of the batch is sent (a later one wins a tie): under
+        # compare-and-set the older ones would be refused anyway, whatever the order they arrive in.
+        newest: dict[str, int] = {}
+        for i, (action, _) in enumerate(indexed):
+            j = newest.get(action.key)
+            if j is None or action.version >= indexed[j][0].version:
+                newest[action.key] = i
+        kept = [indexed[i] for i in sorted(newest.values())]
+        invalidations = [(a, p) for a, p in kept if a.kind == "invalidate"]
+        writes = [(a, p) for a, p in kept if a.kind == "write"]
+        steps = [(tier, invalidations) for tier in reversed(self.tiers)]
+        steps += [(tier, writes) for tier in self.tiers]
+        tier_done_ms: dict[str, float] = {}
+        refused: dict[int, Reject] = {}
+        in_l2: dict[int, set[Outcome]] = {}
+        for tier, group in steps:
+            if not group:
+                continue
+            results = await self._apply_to(tier, [a for a, _ in group])
+            if results is None:  # fenced: it will be flushed before it is trusted again
+                for _, p in group:
+                    self.observers.on_outcome(tier.name, p.binding.namespace, "fenced")
+                continue
+            tier_done_ms[tier.name] = time.time() * 1000
+            for result, (_, p) in zip(results, group, strict=True):
+                outcome = result.outcome.value
+                if result.outcome is Outcome.APPLIED and result.action.kind == "invalidate":
+                    outcome = "tombstoned"
+                elif result.outcome is Outcome.FAILED:
+                    refused.setdefault(
+                        p.index, Reject(p.index, f"apply:{tier.name}", result.error or "failed")
+                    )
+                if tier is self.tiers[0]:
+                    in_l2.setdefault(p.index, set()).add(result.outcome)
+                self.observers.on_outcome(tier.name, p.binding.namespace, outcome)
+        now_ms = time.time() * 1000
+        for p in planned:
+            if p.index in refused or not p.actions:
+                continue
+            # Every change is accounted for once: applied in L2, superseded in its batch, or refused by
+            # L2 as not newer (a replay, or overtaken); the refused ones go to the dead-letter topic.
+            outcomes = in_l2.get(p.index)
+            if outcomes is None:
+                self.observers.on_event("change_superseded")
+            elif Outcome.APPLIED in outcomes:
+                self.observers.on_event("change_applied")
+            else:
+                self.observers.on_event("change_not_newer")
+            commit_us, coarse = commit_time_us(p.binding, p.event)
+            commit_ms = commit_us / 1000
+            stages = {
+                STAGE_TRANSPORT: received_ms - p.event.ts_ms,
+                STAGE_PLAN: planned_ms - received_ms,
+            }
+            if not coarse:
+                stages[STAGE_SOURCE] = p.event.ts_ms - commit_ms
+            previous = planned_ms
+            for name, done in sorted(tier_done_ms.items(), key=lambda item: item[1]):
+                stages[TIER_STAGE_PREFIX + name] = done - previous
+                previous = done
+            self.observers.on_event(p.event.op)
+            self.observers.on_applied(
+                p.binding.namespace, p.event.op, now_ms - commit_ms, coarse=coarse, stages=stages
+            )
+        return list(refused.values())
+
+    async def _apply_to(self, tier: CacheTier, actions: list[CacheAction]) -> list[ActionResult] | None:
+        """The tier's results, or None when the tier is fenced (skipped). A write the tier refuses for
+        good is replaced by an invalidation of its key, so the entry cannot stay at an older value."""
+        guard = self.guard(tier)
+        primary = tier is self.tiers[0]
+        if guard.state == "fenced" and not primary:
+            return None
+        while True:
+            try:
+                results = await tier.apply(actions)
+                break
+            except TierUnavailableError as exc:
+                wait = guard.failed(exc)
+                if guard.attempts == 1 or guard.attempts % 10 == 0:
+                    log.warning(
+                        "tier %s failing for %.1f s (%s); attempt %d, next in %.2f s; "
+                        "nothing is acknowledged",
+                        tier.name, guard.failing_for_s, exc.cause, guard.attempts, wait,
+                    )  # fmt: skip
+                if guard.due_to_fence():
+                    guard.fence()
+                    if not primary:
+                        log.error(
+                            "tier %s fenced after %.1f s of failures: the pipeline goes on without it; "
+                            "it is flushed before it is trusted again",
+                            tier.name, guard.failing_for_s,
+                        )  # fmt: skip
+                        if self.on_outer_fenced is not None:
+                            await self.on_outer_fenced(tier)
+                        return None
+                    log.error(
+                        "tier %s out of reach for %.1f s: changes wait for it (nothing is acknowledged); "
+                        "when it answers, every namespace is fenced there before anything else is applied",
+                        tier.name, guard.failing_for_s,
+                    )  # fmt: skip
+                await asyncio.sleep(wait)
+        if primary and guard.state == "fenced":
+            if self.on_primary_back is not None:
+                await self.on_primary_back()
+            guard.unfence()
+            log.warning("tier %s answers again; its namespaces were fenced", tier.name)
+        guard.succeeded()
+        failed = [r for r in results if r.outcome is Outcome.FAILED and r.action.kind == "write"]
+        if failed:
+            fallback = [
+                CacheAction("invalidate", r.action.key, r.action.version, r.action.commit_ts_us)
+                for r in failed
+            ]
+            log.warning(
+                "tier %s refused %d write(s) (%s): invalidating them", tier.name, len(failed), failed[0].error
+            )
+            try:
+                await tier.apply(fallback)
+            except TierUnavailableError as exc:
+                log.warning("invalidating refused writes in %s failed (%r); batch retried", tier.name, exc)
+                raise
+        return results

@@ -1,0 +1,146 @@
+"""The worker's cache tiers: connected once, fenced when they fail past the bound, trusted again after.
+
+``cache_writer.retry`` decides *when* a tier is fenced; this module does what a fence means for the
+pipeline (``pipeline.fence`` for namespaces, the outer-tier mark for readers, the flush before an outer
+tier is trusted again) and keeps the tiers of the processor and the cutovers in step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from cache_writer import CacheTier, RedisTier, TierUnavailableError
+from cache_writer.signatures import mark_outer_fenced
+from connectors.database import table_columns
+from pipeline.fence import fence_namespaces
+from pipeline.outages import retrying
+from schemas import Binding
+
+if TYPE_CHECKING:
+    from pipeline.config import AllSettings
+    from pipeline.cutover import Cutovers
+    from pipeline.processor import ChangeProcessor
+
+log = logging.getLogger(__name__)
+
+
+class Tiers:
+    """L2 (and L3 when configured) for one worker; ``ready`` is set once every tier has its scripts."""
+
+    def __init__(
+        self,
+        settings: AllSettings,
+        bindings: Sequence[Binding],
+        processor: ChangeProcessor,
+        cutovers: Cutovers,
+        *,
+        spawn: Callable[[asyncio.Future[None] | asyncio.Task[None]], object] | None = None,
+        on_fence: Callable[[str, str], None] = lambda namespace, cause: None,
+    ) -> None:
+        self.settings = settings
+        self.bindings = list(bindings)
+        self.processor = processor
+        self.cutovers = cutovers
+        self.ready = asyncio.Event()
+        self._spawn = spawn
+        self._on_fence = on_fence
+        processor.on_primary_back = self._on_primary_back
+        processor.on_outer_fenced = self._on_outer_fenced
+
+    @property
+    def l2(self) -> RedisTier:
+        return self.processor.tiers[0]  # type: ignore[return-value]
+
+    async def connect(self) -> None:
+        """Connect every tier and load its scripts, retrying until each answers."""
+        redis = self.settings.redis
+        l3 = self.settings.l3
+        tiers: list[RedisTier] = [RedisTier.from_settings(redis)]
+        if l3.url:
+            password = l3.password.get_secret_value() if l3.password else None
+            tiers.append(
+                RedisTier(
+                    aioredis.Redis.from_url(l3.url, password=password),
+                    tombstone_ttl_ms=redis.tombstone_ttl_s * 1000,
+                    entry_ttl_ms=l3.entry_ttl_s * 1000 if l3.entry_ttl_s else None,
+                    name="redis-l3",
+                )
+            )
+        for tier in tiers:
+            async for attempt in retrying(f"loading the scripts into {tier.name}"):
+                with attempt:
+                    await tier.load_scripts()
+        self.processor.tiers[:] = tiers
+        self.cutovers.tiers[:] = tiers
+        self.ready.set()
+        log.info("cache tiers ready: %s", ", ".join(t.name for t in tiers))
+
+    async def _columns(self, binding: Binding) -> tuple[str, ...]:
+        mysql = self.settings.mysql
+        return await asyncio.to_thread(table_columns, mysql, binding.database, binding.table_name)
+
+    async def fence(self, bindings: Sequence[Binding], reason: str, *, cause: str) -> list[str]:
+        """Fence the namespaces of ``bindings`` in L2 (``pipeline.fence``), retrying outages."""
+        async for attempt in retrying(f"fencing {len(bindings)} namespace(s)"):
+            with attempt:
+                fenced = await fence_namespaces(
+                    self.l2.client,
+                    self.settings.redis.key_prefix,
+                    bindings,
+                    columns_of=self._columns,
+                    channel=self.l2.channel,
+                    reason=reason,
+                )
+        for namespace in fenced:
+            self.processor.observers.on_event("fence")
+            self._on_fence(namespace, cause)
+        return fenced
+
+    async def _on_primary_back(self) -> None:
+        reason = f"{self.l2.name} was out of reach past the fence bound"
+        await self.fence(self.bindings, reason, cause="tier-outage")
+
+    async def _on_outer_fenced(self, tier: CacheTier) -> None:
+        since = int(time.time() * 1000)
+        namespaces = [b.namespace for b in self.bindings]
+        async for attempt in retrying(f"marking {tier.name} fenced for readers"):
+            with attempt:
+                await mark_outer_fenced(self.l2.client, self.settings.redis.key_prefix, namespaces, since)
+        self.processor.observers.on_event("tier_fenced")
+        task = asyncio.ensure_future(self._recover_outer(tier, namespaces))
+        if self._spawn is not None:
+            self._spawn(task)
+
+    async def _recover_outer(self, tier: CacheTier, namespaces: list[str]) -> None:
+        """Probe a fenced outer tier until it answers, flush it, then trust it again."""
+        guard = self.processor.guard(tier)
+        policy = self.processor.policy
+        flushdb = self.settings.l3.flush == "flushdb"
+        attempt = 0
+        while True:
+            await asyncio.sleep(policy.backoff(attempt) + 0.1)
+            attempt += 1
+            try:
+                await tier.ping()
+                guard.recovering = True
+                removed = await tier.flush(self.settings.redis.key_prefix, flushdb=flushdb)
+                await mark_outer_fenced(self.l2.client, self.settings.redis.key_prefix, namespaces, None)
+            except (TierUnavailableError, RedisError, OSError) as exc:
+                guard.recovering = False
+                if attempt % 10 == 1:
+                    log.warning("fenced tier %s still out of reach (%r); attempt %d", tier.name, exc, attempt)
+                continue
+            guard.unfence()
+            self.processor.observers.on_event("tier_recovered")
+            log.warning(
+                "tier %s answers again: flushed (%s keys) and trusted again",
+                tier.name, "all" if removed < 0 else removed,
+            )  # fmt: skip
+            return

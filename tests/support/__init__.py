@@ -1,0 +1,1 @@
+"""Test-only support: launchers, harnesses and linters the product does not ship."""
