@@ -39,6 +39,7 @@ from pymysqlreplication.event import (
 from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
 from connectors.checkpoint import BinlogPosition
+from connectors.database import column_types
 from connectors.exceptions import (
     BinlogGapError,
     ConfigurationError,
@@ -54,10 +55,10 @@ from schemas import (
     VersionError,
     binlog_version,
     gtid_version,
-    row_to_json,
 )
 from schemas.codec import dead_letter
 from schemas.events import Op, Row
+from schemas.values import ColumnType, binlog_column_types, binlog_row_to_json
 
 log = logging.getLogger(__name__)
 
@@ -258,6 +259,10 @@ class BinlogSource:
         self._read_timeout_s = read_timeout_s
         self._checkpoint = checkpoint
         self._stream: BinLogStreamReader | None = None
+        # Column types per table (schemas.values): the table map's, refined from information_schema for
+        # what it cannot name (MariaDB JSON, UUID, INET); refreshed after DDL on the table's database.
+        self._refine: dict[tuple[str, str], dict[str, ColumnType]] = {}
+        self._types: dict[tuple[str, str], tuple[object, dict[str, ColumnType]]] = {}
 
     def _open(self) -> BinLogStreamReader:
         connection = settings = self._settings.connection_kwargs()
@@ -342,6 +347,7 @@ class BinlogSource:
                         yield Boundary(BinlogPosition(stream.log_file, stream.log_pos, gtid))
                     continue
                 schema = event.schema.decode() if isinstance(event.schema, bytes) else str(event.schema)
+                self._forget_types(schema, query)
                 if schema in self._databases:
                     yield self._ddl(event, stream.log_file, schema, query, gtid)
                 for db, named in sorted(mentioned_databases(query, self._tables).items()):
@@ -356,13 +362,33 @@ class BinlogSource:
                 for index, row in enumerate(event.rows):
                     try:
                         yield from self._changes(event, stream.log_file, index, row, gtid, ordinal)
-                    except (ValidationError, VersionError) as exc:
+                    except (ValidationError, VersionError, TypeError) as exc:
                         yield dead_letter(
                             f"row of {event.schema}.{event.table} is not a valid change: {exc}",
                             json.dumps(row, default=str).encode(),
                             stage="connector",
                         )
                     ordinal += 1  # noqa: SIM113 - counts rows across events of a transaction
+
+    def _column_types(self, event: Any) -> dict[str, ColumnType]:
+        """The column types of a rows event's table (computed once per table map)."""
+        table = (str(event.schema), str(event.table))
+        cached = self._types.get(table)
+        if cached is not None and cached[0] is event.columns:
+            return cached[1]
+        refine = self._refine.get(table)
+        if refine is None:
+            refine = self._refine[table] = column_types(self._settings, *table)
+        types = binlog_column_types(event.columns, refine)
+        self._types[table] = (event.columns, types)
+        return types
+
+    def _forget_types(self, schema: str, query: str) -> None:
+        """After DDL, read information_schema again for the tables it may concern."""
+        named = mentioned_databases(query, self._refine.keys())
+        for table in [t for t in self._refine if t[0] == schema or t[0] in named]:
+            del self._refine[table]
+            self._types.pop(table, None)
 
     def _source(self, event: Any, file: str, row: int, db: str, table: str, gtid: str | None) -> Source:
         return Source(
@@ -399,12 +425,14 @@ class BinlogSource:
         self, event: Any, file: str, index: int, row: dict[str, Any], gtid: str | None, ordinal: int
     ) -> Iterator[ChangeEvent | DeadLetter]:
         source = self._source(event, file, index, event.schema, event.table, gtid)
+        types = self._column_types(event)
         if isinstance(event, UpdateRowsEvent):
-            before, after = row_to_json(row["before_values"]), row_to_json(row["after_values"])
+            before = binlog_row_to_json(row["before_values"], types, row.get("before_none_sources"))
+            after = binlog_row_to_json(row["after_values"], types, row.get("after_none_sources"))
         elif isinstance(event, WriteRowsEvent):
-            before, after = None, row_to_json(row["values"])
+            before, after = None, binlog_row_to_json(row["values"], types, row.get("none_sources"))
         else:
-            before, after = row_to_json(row["values"]), None
+            before, after = binlog_row_to_json(row["values"], types, row.get("none_sources")), None
         pk = event.primary_key
         pk_columns: tuple[str, ...] = (pk,) if isinstance(pk, str) and pk else tuple(pk or ())
         if not pk_columns:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +11,15 @@ import pymysql.cursors
 
 from connectors.settings import MySQLSettings
 from schemas import row_to_json
+from schemas.values import (
+    ColumnType,
+    column_type_from_information_schema,
+    json_checked_columns,
+    json_to_sql,
+)
+
+# Reads see TIMESTAMP values in UTC, as the binlog carries them (schemas.values).
+_UTC_SESSION = "SET time_zone = '+00:00'"
 
 
 def quote_identifier(identifier: str) -> str:
@@ -20,16 +27,45 @@ def quote_identifier(identifier: str) -> str:
 
 
 def read_table(settings: MySQLSettings, database: str, table: str) -> Iterator[dict[str, Any]]:
-    """Stream every row of a table (server-side cursor), converted like binlog rows."""
+    """Stream every row of a table (server-side cursor), converted like binlog rows (one mapping per
+    column type, ``schemas.values``)."""
     conn = pymysql.connect(
         **settings.connection_kwargs(),
         cursorclass=pymysql.cursors.SSDictCursor,
+        init_command=_UTC_SESSION,
     )
     try:
         with conn.cursor() as cur:
-            cur.execute(f"SELECT * FROM {quote_identifier(database)}.{quote_identifier(table)}")
+            types = _column_types(cur, database, table)
+            source = f"{quote_identifier(database)}.{quote_identifier(table)}"
+            cur.execute(f"SELECT {select_list(types)} FROM {source}")
             for row in cur:
-                yield row_to_json(row)
+                yield row_to_json(row, types)
+    finally:
+        conn.close()
+
+
+def select_list(types: Mapping[str, ColumnType]) -> str:
+    """The columns of a read, in their order: FLOAT as ``CAST(col AS DOUBLE)``, because the text protocol
+    prints a FLOAT with six significant digits (16777217 reads as 16777200) while the binlog carries its
+    float32 value; the cast sends that value exactly. ``*`` when the types are not known."""
+    if not types:
+        return "*"
+    return ", ".join(
+        f"CAST({quote_identifier(name)} AS DOUBLE) AS {quote_identifier(name)}"
+        if column.kind == "float"
+        else quote_identifier(name)
+        for name, column in types.items()
+    )
+
+
+def column_types(settings: MySQLSettings, database: str, table: str) -> dict[str, ColumnType]:
+    """The table's columns and their types, in order (information_schema; MariaDB's JSON columns found
+    by their ``JSON_VALID`` check); empty when the table does not exist."""
+    conn = pymysql.connect(**settings.connection_kwargs(), cursorclass=pymysql.cursors.DictCursor)
+    try:
+        with conn.cursor() as cur:
+            return _column_types(cur, database, table)
     finally:
         conn.close()
 
@@ -70,8 +106,6 @@ def primary_key(settings: MySQLSettings, database: str, table: str) -> tuple[str
 # the column's character set cannot (an emoji against a latin1 column: "Illegal mix of collations").
 # ER_CANT_AGGREGATE_2COLLATIONS, ER_CANT_AGGREGATE_3COLLATIONS, ER_CANT_AGGREGATE_NCOLLATIONS.
 _COLLATION_MIX_ERRORS = frozenset({1267, 1270, 1271})
-# Column types whose JSON form is base64 (schemas.values): a key value is decoded before it is compared.
-_BASE64_TYPES = frozenset({"binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob", "bit"})
 
 
 def is_collation_mix(exc: BaseException) -> bool:
@@ -79,14 +113,12 @@ def is_collation_mix(exc: BaseException) -> bool:
     return isinstance(exc, pymysql.err.MySQLError) and bool(exc.args) and exc.args[0] in _COLLATION_MIX_ERRORS
 
 
-def _sql_key(value: Any, data_type: str) -> Any:
+def _sql_key(value: Any, column: ColumnType | None) -> Any:
     """A key value in its JSON form (``schemas.values``) as a query parameter; None: no row can hold it."""
-    if data_type in _BASE64_TYPES:
-        try:
-            return base64.b64decode(str(value), validate=True)
-        except (binascii.Error, ValueError):
-            return None
-    return value
+    try:
+        return json_to_sql(value, column)
+    except ValueError:
+        return None
 
 
 def read_rows(
@@ -115,24 +147,28 @@ def read_rows(
         raise ValueError("read_rows needs the key columns")
     if any(len(key) != len(key_columns) for key in keys):
         raise ValueError(f"every key needs {len(key_columns)} values ({', '.join(key_columns)})")
-    conn = pymysql.connect(**settings.connection_kwargs(), cursorclass=pymysql.cursors.DictCursor)
+    conn = pymysql.connect(
+        **settings.connection_kwargs(), cursorclass=pymysql.cursors.DictCursor, init_command=_UTC_SESSION
+    )
     columns = ", ".join(quote_identifier(c) for c in key_columns)
     source = f"{quote_identifier(database)}.{quote_identifier(table)}"
     one = "(" + ", ".join(["%s"] * len(key_columns)) + ")"
     rows: list[dict[str, Any]] = []
     try:
         with conn.cursor() as cur:
-            types = _data_types(cur, database, table)
+            types = _column_types(cur, database, table)
+            selected = select_list(types)
             params: list[tuple[Any, ...]] = []
             for key in keys:
-                values = tuple(_sql_key(v, types.get(c, "")) for c, v in zip(key_columns, key, strict=True))
+                values = tuple(_sql_key(v, types.get(c)) for c, v in zip(key_columns, key, strict=True))
                 if all(v is not None for v in values):
                     params.append(values)
 
             def select(part: Sequence[tuple[Any, ...]]) -> None:
                 try:
+                    matches = ", ".join([one] * len(part))
                     cur.execute(
-                        f"SELECT * FROM {source} WHERE ({columns}) IN ({', '.join([one] * len(part))})",
+                        f"SELECT {selected} FROM {source} WHERE ({columns}) IN ({matches})",
                         tuple(value for key in part for value in key),
                     )
                 except pymysql.err.MySQLError as exc:
@@ -144,7 +180,7 @@ def read_rows(
                         select(part[half:])
                     # One key the server cannot compare with its column: no row holds it.
                     return
-                rows.extend(row_to_json(row) for row in cur.fetchall())
+                rows.extend(row_to_json(row, types) for row in cur.fetchall())
 
             for start in range(0, len(params), chunk):
                 select(params[start : start + chunk])
@@ -153,13 +189,30 @@ def read_rows(
     return rows
 
 
-def _data_types(cur: Any, database: str, table: str) -> dict[str, str]:
+def _column_types(cur: Any, database: str, table: str) -> dict[str, ColumnType]:
+    """Column types of a table through a DictCursor (see :func:`column_types`)."""
     cur.execute(
-        "SELECT COLUMN_NAME, DATA_TYPE FROM information_schema.COLUMNS "
-        "WHERE TABLE_SCHEMA=%s AND TABLE_NAME=%s",
+        "SELECT COLUMN_NAME, DATA_TYPE, COLUMN_TYPE, NUMERIC_SCALE, DATETIME_PRECISION "
+        "FROM information_schema.COLUMNS WHERE TABLE_SCHEMA=%s AND TABLE_NAME=%s ORDER BY ORDINAL_POSITION",
         (database, table),
     )
-    return {str(row["COLUMN_NAME"]): str(row["DATA_TYPE"]).lower() for row in cur.fetchall()}
+    rows = cur.fetchall()
+    checked: set[str] = set()
+    try:  # MariaDB's JSON is a LONGTEXT with a JSON_VALID check (MySQL 8.0.16+ has the view too)
+        cur.execute(
+            "SELECT CHECK_CLAUSE FROM information_schema.CHECK_CONSTRAINTS "
+            "WHERE CONSTRAINT_SCHEMA=%s AND TABLE_NAME=%s",
+            (database, table),
+        )
+        checked = json_checked_columns(str(row["CHECK_CLAUSE"]) for row in cur.fetchall())
+    except pymysql.err.MySQLError:  # a server without the view has no such checks
+        pass
+    return {
+        str(row["COLUMN_NAME"]): column_type_from_information_schema(
+            row, json_checked=str(row["COLUMN_NAME"]) in checked
+        )
+        for row in rows
+    }
 
 
 @dataclass(frozen=True, slots=True)
