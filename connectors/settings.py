@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from schemas.codec import dead_letter_size_bound
+from schemas.codec import DEAD_LETTER_OVERHEAD_BYTES, dead_letter_size_bound
 
 
 class MySQLSettings(BaseSettings):
@@ -94,7 +94,7 @@ class KafkaSettings(BaseSettings):
                 f"a dead letter with FRESHKEY_KAFKA_DEAD_LETTER_MAX_ORIGINAL_BYTES="
                 f"{self.dead_letter_max_original_bytes} can reach {bound} bytes, above "
                 f"FRESHKEY_KAFKA_MAX_MESSAGE_BYTES ({self.max_message_bytes}); lower the first "
-                f"(at most {(self.max_message_bytes - 8 * 1024) * 3 // 4})"
+                f"(at most {(self.max_message_bytes - DEAD_LETTER_OVERHEAD_BYTES) * 3 // 4})"
             )
         return self
 

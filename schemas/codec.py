@@ -46,10 +46,18 @@ def decode(data: bytes) -> ChangeEvent | DdlEvent:
 
 DEAD_LETTER_ORIGINAL_BYTES = 256 * 1024
 """Default bound of the original bytes a dead letter carries (base64 makes it 4/3 larger)."""
-DEAD_LETTER_REASON_CHARS = 2000
+DEAD_LETTER_REASON_CHARS = 1000
+DEAD_LETTER_STAGE_CHARS = 100
+DEAD_LETTER_TOPIC_CHARS = 300
 DEAD_LETTER_KEY_BYTES = 1024
-DEAD_LETTER_OVERHEAD_BYTES = 8 * 1024
-"""Room a dead letter needs besides its original: reason, key, offsets, field names."""
+DEAD_LETTER_OVERHEAD_BYTES = (
+    6 * (DEAD_LETTER_REASON_CHARS + DEAD_LETTER_STAGE_CHARS + DEAD_LETTER_TOPIC_CHARS)
+    + 4 * ((DEAD_LETTER_KEY_BYTES + 2) // 3)
+    + 1024
+)
+"""Room a dead letter needs besides its original, at worst: JSON writes a control character of the reason,
+stage or topic as 6 bytes (``\\u0001``), the key is base64, and the field names, offsets and digests fit in
+1 KiB."""
 
 
 def dead_letter_size_bound(max_original_bytes: int) -> int:
@@ -79,8 +87,8 @@ def dead_letter(
     kept = original[:max_original_bytes]
     return DeadLetter(
         reason=reason,
-        stage=stage[:100],
-        topic=topic[:300] if topic is not None else None,
+        stage=stage[:DEAD_LETTER_STAGE_CHARS],
+        topic=topic[:DEAD_LETTER_TOPIC_CHARS] if topic is not None else None,
         partition=partition,
         offset=offset,
         key_b64=base64.b64encode(key[:DEAD_LETTER_KEY_BYTES]).decode() if key is not None else None,

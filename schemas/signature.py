@@ -69,7 +69,7 @@ Schema normalization (:func:`normalize_schema`)
 A malformed value where a listed keyword expects a schema, a set of strings or an array raises
 :class:`SignatureError`, which names the JSON path.
 
-Golden vector (tests/unit/test_signature.py checks it)::
+Golden vector (tests/unit/schemas/test_signature.py checks it)::
 
     schema_signature({"type": "object", "title": "t", "required": ["b", "a"],
                       "properties": {"a": {"type": "integer"}, "b": {"enum": [2.0, 1]}}},

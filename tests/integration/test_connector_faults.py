@@ -32,9 +32,8 @@ from pipeline.embedded import (
 )
 from schemas import ChangeEvent, DdlEvent, decode
 from tests.conftest import MySQLService
-
-from .conftest import Pipeline
-from .kafka_tools import read_topic
+from tests.support.kafka import read_topic
+from tests.support.pipeline import Pipeline
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import pytest
 
-from .conftest import Pipeline
+from tests.support.pipeline import Pipeline
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -25,8 +25,7 @@ from typing import Any
 import pytest
 
 from pipeline.web import OPTIONAL_ROUTES
-
-from .conftest import Pipeline
+from tests.support.pipeline import Pipeline
 
 pytestmark = pytest.mark.integration
 

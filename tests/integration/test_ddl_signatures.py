@@ -21,8 +21,7 @@ from cache_writer.layout import signature_key
 from connectors.settings import MySQLSettings
 from pipeline.verify.run import run_verification
 from schemas import parse_bindings
-
-from .conftest import Pipeline
+from tests.support.pipeline import Pipeline
 
 pytestmark = pytest.mark.integration
 

@@ -9,9 +9,8 @@ import pytest
 from confluent_kafka import Producer
 
 from schemas import binlog_version
-
-from .conftest import Pipeline
-from .kafka_tools import read_topic
+from tests.support.kafka import read_topic
+from tests.support.pipeline import Pipeline
 
 pytestmark = pytest.mark.integration
 

@@ -29,9 +29,8 @@ from connectors.settings import MySQLSettings
 from pipeline.verify.judge import VerifyReport
 from pipeline.verify.run import run_verification
 from schemas import parse_bindings
-
-from .conftest import Pipeline
-from .kafka_tools import read_topic
+from tests.support.kafka import read_topic
+from tests.support.pipeline import Pipeline
 
 pytestmark = pytest.mark.integration
 

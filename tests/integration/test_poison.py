@@ -4,7 +4,7 @@ Only the worker runs (``pipeline.start("worker")``): the tests produce raw bytes
 themselves, so they depend on neither the connector nor MySQL's binlog. Valid changes are
 ``schemas.ChangeEvent`` wire forms of the harness's ``<db>.assets`` binding, keyed with
 ``schemas.message_key``; the malformed ones come from the hypothesis strategies of
-tests/unit/test_dead_letters.py, where each one's stage and reason are checked against the codec.
+tests/unit/schemas/test_dead_letters.py, where each one's stage and reason are checked against the codec.
 
 Every test checks the same promise from the outside: each malformed message becomes exactly one dead
 letter (matched by partition and offset) that is bounded and describes the whole original, every valid
@@ -29,10 +29,12 @@ import orjson
 import pytest
 import redis
 
-from pipeline.local_services import LocalKafka, LocalRedis, free_port
+from pipeline.embedded import LocalKafka, LocalRedis, free_port
 from schemas import DeadLetter
 from schemas.codec import DEAD_LETTER_ORIGINAL_BYTES
-from tests.unit.test_dead_letters import (
+from tests.support.kafka import RawProducer, committed_offsets, create_topics, read_to_end
+from tests.support.pipeline import Pipeline
+from tests.unit.schemas.test_dead_letters import (
     HUGE_SHAPES,
     Change,
     ChangeStream,
@@ -45,9 +47,6 @@ from tests.unit.test_dead_letters import (
     wire,
     with_token,
 )
-
-from .conftest import Pipeline
-from .kafka_tools import RawProducer, committed_offsets, create_topics, read_to_end
 
 pytestmark = pytest.mark.integration
 
@@ -129,7 +128,7 @@ def dead_letters(watch: Watch, expect: int, timeout: float = 60) -> dict[tuple[i
         where = (letter.partition, letter.offset)
         assert where not in letters, f"two dead letters for {where}: {letters[where]} and {letter}"
         # The producer's limit is the promise; the codec's own bound (dead_letter_size_bound) is exceeded
-        # by reasons that quote control characters: tests/unit/test_dead_letters.py, strict xfail.
+        # by reasons that quote control characters: tests/unit/schemas/test_dead_letters.py, strict xfail.
         assert len(record.value) <= MAX_MESSAGE_BYTES, f"a dead letter of {len(record.value)} B"
         letters[where] = letter
     assert len(letters) == expect, f"{len(letters)} dead letters, expected {expect}"

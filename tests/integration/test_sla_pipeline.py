@@ -21,9 +21,8 @@ from connectors.settings import MySQLSettings
 from pipeline.demo.catchup import fetch_stats
 from pipeline.embedded import free_port
 from pipeline.observe.sla import SlaState, SlaViolation
-
-from .conftest import Pipeline
-from .kafka_tools import read_topic
+from tests.support.kafka import read_topic
+from tests.support.pipeline import Pipeline
 
 pytestmark = pytest.mark.integration
 

@@ -25,8 +25,7 @@ from pipeline.demo.catchup import fetch_stats
 from pipeline.embedded import free_port
 from pipeline.observe.broker import BrokerOffsets
 from pipeline.observe.sla import SlaState, TargetState
-
-from .conftest import Pipeline
+from tests.support.pipeline import Pipeline
 
 pytestmark = pytest.mark.integration
 

@@ -19,7 +19,7 @@ import redis
 
 from cache_writer.entries import parse_entry
 from pipeline.embedded import LocalRedis
-from tests.integration.conftest import Pipeline
+from tests.support.pipeline import Pipeline
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -22,8 +22,7 @@ from connectors.settings import MySQLSettings
 from pipeline.verify.judge import Verification
 from pipeline.verify.run import run_verification
 from schemas import Binding, encode_value, parse_bindings
-
-from .conftest import Pipeline
+from tests.support.pipeline import Pipeline
 
 pytestmark = pytest.mark.integration
 

@@ -162,7 +162,7 @@ import json, sys, torch
 torch.set_num_threads(1)
 from cache_writer.semantic import KeyHashWeights, SemanticKeyer
 sys.path.insert(0, ".")
-from tests.unit.test_ushash_exact import DIMS, SEED, SHARED_DIM, probes
+from tests.unit.cache_writer.test_ushash_exact import DIMS, SEED, SHARED_DIM, probes
 weights = KeyHashWeights.generate(SEED, DIMS, shared_dim=SHARED_DIM)
 keyer = SemanticKeyer(weights, device="cpu")
 vectors = torch.cat([probes(384, seed=8), torch.randn(300, 384, generator=torch.Generator().manual_seed(9))])

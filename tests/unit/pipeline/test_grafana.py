@@ -25,7 +25,7 @@ import yaml
 from pipeline import telemetry
 from schemas.metrics import PROMETHEUS_METRIC_NAMES
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 GRAFANA = REPO_ROOT / "deploy" / "grafana"
 DASHBOARDS = sorted((GRAFANA / "dashboards").glob("*.json"))
 DATASOURCES = GRAFANA / "provisioning" / "datasources" / "prometheus.yml"

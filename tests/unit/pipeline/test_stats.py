@@ -1,4 +1,4 @@
-"""pipeline.stats: percentiles (numpy's default linear interpolation), summaries, lag and offsets."""
+"""pipeline.observe.stats: percentiles (numpy's default linear interpolation), summaries, lag and offsets."""
 
 from __future__ import annotations
 
