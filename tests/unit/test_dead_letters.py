@@ -616,7 +616,7 @@ def test_a_dead_letter_never_exceeds_its_bound_and_describes_the_whole_original(
     "a reason quotes its input (pydantic's 'Input tag ... found using kind') and JSON writes a control "
     "character as 6 bytes, an emoji as 4: 2000 characters reach 12,000 bytes (see the final report)",
 )
-@settings(GENERATE, max_examples=100, phases=[Phase.generate, Phase.shrink])
+@settings(GENERATE, max_examples=100)  # no shrinking: it fails on every run until the fix
 @given(
     reason=st.text(st.characters(codec="utf-8"), min_size=DEAD_LETTER_REASON_CHARS)
     | st.sampled_from(["\x00", "\U0001f600", '"', "\\"]).map(lambda c: c * 3000),
@@ -628,10 +628,11 @@ def test_a_dead_letter_is_bounded_whatever_its_reason_quotes(reason: str, key: b
 
 
 def test_a_decode_reason_quotes_its_input() -> None:
-    """Why the test above fails: the reason of a bad ``kind`` repeats the offending value."""
+    """Why the test above fails: the reason of a bad ``kind`` repeats the offending value, which the
+    letter keeps (cut to 2000 characters) and JSON escapes (a NUL becomes six bytes)."""
     data = change_envelope("shop")
     data["kind"] = "\x00" * 5000
     reason = rejection("shop", wire(data))[1]  # type: ignore[index]
     letter = dead_letter(reason, b"", stage="decode", max_original_bytes=0)
     assert len(reason) > 5000 and len(letter.reason) <= DEAD_LETTER_REASON_CHARS
-    assert len(encode(letter)) > dead_letter_size_bound(0)  # 2000 NULs become 12,000 bytes of JSON
+    assert len(encode(letter)) > 6 * (DEAD_LETTER_REASON_CHARS - 100)
