@@ -87,9 +87,10 @@ class RawProducer:
         )
 
     def send(
-        self, topic: str, messages: Sequence[tuple[bytes | None, bytes]], timeout: float = 60
+        self, topic: str, messages: Sequence[tuple[bytes | None, bytes | None]], timeout: float = 60
     ) -> list[tuple[int, int]]:
-        """Produce ``(key, value)`` messages in order; their ``(partition, offset)`` once all are acked."""
+        """Produce ``(key, value)`` messages in order (a None value is a Kafka tombstone); their
+        ``(partition, offset)`` once all are acked."""
         where: list[tuple[int, int] | None] = [None] * len(messages)
         errors: list[str] = []
 
