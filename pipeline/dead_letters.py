@@ -13,6 +13,8 @@ import logging
 import time
 from typing import Any
 
+from aiokafka.errors import MessageSizeTooLargeError, RecordTooLargeError
+
 from cache_writer.retry import RetryPolicy
 from connectors.settings import KafkaSettings
 from pipeline.observe import Observers
@@ -20,6 +22,16 @@ from schemas import encode
 from schemas.codec import DEAD_LETTER_KEY_BYTES, dead_letter
 
 log = logging.getLogger(__name__)
+
+
+def too_large(exc: BaseException | None) -> bool:
+    """Whether a send failed because the message is too large, for the producer (faust wraps aiokafka's
+    error: it is the ``__cause__``) or for the broker."""
+    while exc is not None:
+        if isinstance(exc, MessageSizeTooLargeError | RecordTooLargeError):
+            return True
+        exc = exc.__cause__
+    return False
 
 
 class DeadLetterWriter:
@@ -63,8 +75,8 @@ class DeadLetterWriter:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # any Kafka error: retried, never skipped
-                if "TooLarge" in type(exc).__name__ and limit > 0:
-                    limit = 0  # the broker's limit is below ours: keep only size and digest
+                if limit > 0 and too_large(exc):
+                    limit = 0  # the producer's or the broker's limit: keep only size and digest
                 attempt += 1
                 if self.blocked_since is None:
                     self.blocked_since = time.time()

@@ -275,8 +275,11 @@ def float32_json(value: float) -> float | str:
         return value
     for digits in range(1, 10):  # 9 significant digits always round-trip a float32
         text = f"{single:.{digits}g}"
-        if struct.pack("<f", float(text)) == packed:
-            return float(text)
+        try:
+            if struct.pack("<f", float(text)) == packed:
+                return float(text)
+        except OverflowError:  # rounded up past the largest float32: needs more digits
+            continue
     return single  # unreachable: 9 digits suffice
 
 

@@ -31,7 +31,7 @@ import redis
 
 from pipeline.embedded import LocalKafka, LocalRedis, free_port
 from schemas import DeadLetter
-from schemas.codec import DEAD_LETTER_ORIGINAL_BYTES
+from schemas.codec import DEAD_LETTER_ORIGINAL_BYTES, DEAD_LETTER_OVERHEAD_BYTES, dead_letter_size_bound
 from tests.support.kafka import RawProducer, committed_offsets, create_topics, read_to_end
 from tests.support.pipeline import Pipeline
 from tests.unit.schemas.test_dead_letters import (
@@ -225,14 +225,51 @@ def test_out_of_range_numbers_are_dead_lettered_naming_the_field_and_later_chang
     for poison in poisons:  # each one followed by a valid change of another row
         messages += [poison, stream.change(len(messages) % 4 + 1)]
     where = watch.send(messages)
-    wait_applied(p, [m for m in messages if isinstance(m, Change)])
+    # and a record without a value (a Kafka tombstone: what compaction leaves of a key)
+    (null_where,) = watch.producer.send(p.change_topic, [(b"null-value", None)])
+    last = stream.change(1)
+    watch.send([last])
+    wait_applied(p, [*(m for m in messages if isinstance(m, Change)), last])
 
-    letters = dead_letters(watch, expect=len(poisons))
+    letters = dead_letters(watch, expect=len(poisons) + 1)
     for index, message in enumerate(messages):
         if isinstance(message, Poison):
             check_letter(p, letters[where[index]], message)
+    check_letter(p, letters[null_where], Poison("null-value", b"null-value", b"", "decode", "<root>"))
     assert_final_state(p, stream)
-    assert watch.events().get("dead_lettered") == len(poisons)
+    assert watch.events().get("dead_lettered") == len(poisons) + 1
+
+
+# --- a dead letter larger than the producer takes -----------------------------------------------------------
+
+
+def test_a_dead_letter_the_producer_refuses_as_too_large_is_sent_without_its_copy_and_the_stream_goes_on(
+    make_pipeline: Callable[..., Pipeline],
+) -> None:
+    """At the largest FRESHKEY_KAFKA_DEAD_LETTER_MAX_ORIGINAL_BYTES the settings accept for a 1 MiB
+    producer, a dead letter whose reason quotes control characters outgrows the producer's limit (the
+    codec's bound counts a reason character as one byte; JSON writes a NUL as six). The worker must
+    then send it with size and digest only, as it does for a broker's limit, and go on: a letter the
+    producer refuses must never stop consumption for good."""
+    p = make_pipeline()
+    max_original = (MAX_MESSAGE_BYTES - DEAD_LETTER_OVERHEAD_BYTES) * 3 // 4  # the settings' largest
+    assert dead_letter_size_bound(max_original) <= MAX_MESSAGE_BYTES
+    watch = Watch(p, FRESHKEY_KAFKA_DEAD_LETTER_MAX_ORIGINAL_BYTES=str(max_original))
+    stream = ChangeStream(p.database)
+    # the reason repeats the bad "kind" (2000 NULs once cut): 12,000 bytes of JSON in the letter
+    value = wire({"kind": "\x00" * 3000, "pad": "x" * 1_000_000})
+    poison = Poison("quoted-control-characters", b"k" * 1024, value, "decode", "Input tag")
+    (where,) = watch.send([poison])
+    letter = dead_letters(watch, expect=1, timeout=20)[where]
+    assert letter.stage == "decode" and letter.reason.startswith("<root>: Input tag")
+    assert letter.original_size == len(value)
+    assert letter.original_sha256 == hashlib.sha256(value).hexdigest()
+    assert letter.truncated
+    assert value.startswith(base64.b64decode(letter.original_b64))  # a prefix, or nothing at all
+    after = [stream.change(r) for r in (1, 2)]
+    watch.send(after)
+    wait_applied(p, after, timeout=30)
+    assert_final_state(p, stream)
 
 
 # --- fuzz: 1,000 generated malformed messages, one worker ---------------------------------------------------

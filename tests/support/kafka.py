@@ -43,6 +43,10 @@ def read_topic(
 
 # --- raw traffic for the poison tests: topics, producing any bytes, reading back with offsets ------------
 
+_LIBRDKAFKA_LOG = logging.getLogger("tests.kafka_tools.librdkafka")
+"""librdkafka's own lines (a broker gone at teardown...) go to logging, which pytest captures, instead
+of onto stderr."""
+
 LARGE_MESSAGE_BYTES = 16 * 1024 * 1024
 """Client-side message limit of the test producer and consumer: well above the 5 MB poison messages (the
 clients' defaults, about 1 MB, would refuse them before the broker sees them)."""
@@ -55,7 +59,7 @@ def create_topics(bootstrap: str, partitions: Mapping[str, int], timeout: float 
     create a topic it only consumes, and a topic auto-created by a producer gets the broker's default
     partition count.
     """
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient({"bootstrap.servers": bootstrap}, logger=_LIBRDKAFKA_LOG)
     futures = admin.create_topics(
         [NewTopic(name, count, 1) for name, count in partitions.items()], request_timeout=timeout
     )
@@ -82,14 +86,14 @@ class RawProducer:
                 "linger.ms": 0,
                 "acks": "all",
             },
-            # librdkafka's own lines (a broker gone at teardown...) into logging, not onto stderr
-            logger=logging.getLogger("tests.kafka_tools.producer"),
+            logger=_LIBRDKAFKA_LOG,
         )
 
     def send(
-        self, topic: str, messages: Sequence[tuple[bytes | None, bytes]], timeout: float = 60
+        self, topic: str, messages: Sequence[tuple[bytes | None, bytes | None]], timeout: float = 60
     ) -> list[tuple[int, int]]:
-        """Produce ``(key, value)`` messages in order; their ``(partition, offset)`` once all are acked."""
+        """Produce ``(key, value)`` messages in order (a None value is a Kafka tombstone); their
+        ``(partition, offset)`` once all are acked."""
         where: list[tuple[int, int] | None] = [None] * len(messages)
         errors: list[str] = []
 
@@ -167,7 +171,10 @@ def committed_offsets(bootstrap: str, group: str, topic: str, timeout: float = 1
 
     Reads the offsets only (an OffsetFetch): this client never joins the group.
     """
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False},
+        logger=_LIBRDKAFKA_LOG,
+    )
     try:
         partitions = consumer.list_topics(topic, timeout=timeout).topics[topic].partitions
         committed = consumer.committed([ConfluentPartition(topic, p) for p in partitions], timeout=timeout)

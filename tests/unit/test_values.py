@@ -508,3 +508,10 @@ def test_float32_json_edges() -> None:
     assert float32_json(0.10000000149011612) == 0.1
     assert math.copysign(1, float32_json(-0.0)) == -1  # type: ignore[arg-type]
     assert float32_json(1e300) == 1e300  # not a float32: kept
+
+
+def test_float32_json_at_the_edge_of_the_range() -> None:
+    largest = struct.unpack("<f", b"\xff\xff\x7f\x7f")[0]  # 3.4028234663852886e38
+    result = float32_json(largest)
+    assert struct.pack("<f", result) == b"\xff\xff\x7f\x7f"
+    assert float32_json(-largest) == -result
