@@ -1,14 +1,19 @@
-"""Reading entries back from Redis (for the verifier and for tests), in the documented layout."""
+"""Reading entries back from Redis (for the verifier, prewarm and tests), in the documented layout.
+
+Every read is one pipeline that follows cluster redirects (:func:`~cache_writer.redis.pipeline.run_pipeline`);
+an error reply of any command is raised. ``RedisTier`` offers the same reads as methods.
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
 from cache_writer.layout import namespace_pattern
 from cache_writer.redis.pipeline import RedisClient, run_pipeline
+from cache_writer.redis.replies import hash_fields, raise_errors
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +34,8 @@ class Entry:
 
 
 def parse_entry(key: str, fields: dict[bytes, bytes]) -> Entry | None:
+    """The entry (or tombstone) held in the fields of ``key``'s hash; None when it holds none (absent, or
+    only a fill lease)."""
     if b"v" not in fields:
         return None
     commit = fields.get(b"c")
@@ -42,6 +49,21 @@ def parse_entry(key: str, fields: dict[bytes, bytes]) -> Entry | None:
     )
 
 
+async def read_entries(client: RedisClient, keys: Sequence[str]) -> dict[str, Entry | None]:
+    """The entry at each key (None where there is none), in one pipeline of HGETALLs."""
+    keys = list(dict.fromkeys(keys))
+    replies = raise_errors(await run_pipeline(client, [("HGETALL", key) for key in keys]))
+    return {key: parse_entry(key, hash_fields(reply)) for key, reply in zip(keys, replies, strict=True)}
+
+
+async def read_fields(
+    client: RedisClient, keys: Sequence[str], fields: Sequence[str]
+) -> list[list[bytes | None]]:
+    """The values of ``fields`` of each key's hash (None where absent), in one pipeline of HMGETs."""
+    replies = raise_errors(await run_pipeline(client, [("HMGET", key, *fields) for key in keys]))
+    return [list(reply) for reply in replies]
+
+
 async def read_namespace(
     client: RedisClient, prefix: str, namespace: str, *, batch: int = 1000
 ) -> dict[str, Entry]:
@@ -52,20 +74,16 @@ async def read_namespace(
     scan runs may be missed; the HGETALLs follow MOVED/ASK (:func:`run_pipeline`).
     """
     entries: dict[str, Entry] = {}
-    keys: list[bytes] = []
+    keys: list[str] = []
 
     async def flush() -> None:
-        replies = await run_pipeline(client, [("HGETALL", k) for k in keys])
-        for k, fields in zip(keys, replies, strict=True):
-            if isinstance(fields, Exception):
-                raise fields
-            entry = parse_entry(k.decode(), fields)
+        for entry in (await read_entries(client, keys)).values():
             if entry is not None:
                 entries[entry.key] = entry
         keys.clear()
 
     async for key in scan_keys(client, namespace_pattern(prefix, namespace), batch):
-        keys.append(key)
+        keys.append(key.decode())
         if len(keys) >= batch:
             await flush()
     if keys:

@@ -7,8 +7,9 @@ The simplest robust path: a client counts its hits in memory (:class:`HitRecorde
 
 The application needs nothing but its Redis connection, a flush costs one command per batch of hits,
 and a failed flush only loses counts (a heuristic), never a read. The pipeline's workers read the stream
-in a consumer group and fold the counts into a Faust table (``pipeline.hotness``). Counts are at least
-once: a worker that dies before it acknowledges a message reads it again; hotness tolerates that.
+in a consumer group (:func:`read_hits`, :func:`ack_hits`) and fold the counts into a Faust table
+(``pipeline.hotness``). Counts are at least once: a worker that dies before it acknowledges a message
+reads it again; hotness tolerates that.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Sequence
+from typing import Any
 
 import orjson
 import redis
@@ -92,28 +95,30 @@ class HitRecorder:
     async def flush(self, client: aioredis.Redis | aioredis.RedisCluster) -> int:
         """Append the counts to the stream; returns how many keys were sent (0 when it failed)."""
         counts = self.drain()
-        if not counts:
-            return 0
         try:
-            await client.xadd(self.stream, self._message(counts), maxlen=self.maxlen, approximate=True)  # type: ignore[arg-type]
+            if counts:
+                await client.xadd(self.stream, self._message(counts), maxlen=self.maxlen, approximate=True)  # type: ignore[arg-type]
         except (redis.RedisError, OSError) as exc:
-            log.warning("hit counts not recorded (%s)", exc)
-            return 0
+            return self._lost(exc)
+        return self._sent(counts)
+
+    def flush_sync(self, client: redis.Redis | redis.RedisCluster) -> int:
+        """:meth:`flush` for a blocking client."""
+        counts = self.drain()
+        try:
+            if counts:
+                client.xadd(self.stream, self._message(counts), maxlen=self.maxlen, approximate=True)  # type: ignore[arg-type]
+        except (redis.RedisError, OSError) as exc:
+            return self._lost(exc)
+        return self._sent(counts)
+
+    def _sent(self, counts: dict[str, list[int]]) -> int:
         self.flushed += len(counts)
         return len(counts)
 
-    def flush_sync(self, client: redis.Redis) -> int:
-        """:meth:`flush` for a blocking client."""
-        counts = self.drain()
-        if not counts:
-            return 0
-        try:
-            client.xadd(self.stream, self._message(counts), maxlen=self.maxlen, approximate=True)  # type: ignore[arg-type]
-        except (redis.RedisError, OSError) as exc:
-            log.warning("hit counts not recorded (%s)", exc)
-            return 0
-        self.flushed += len(counts)
-        return len(counts)
+    def _lost(self, exc: BaseException) -> int:
+        log.warning("hit counts not recorded (%s)", exc)
+        return 0
 
 
 def parse_hits(fields: dict[bytes, bytes]) -> dict[str, tuple[int, int]]:
@@ -133,3 +138,41 @@ def parse_hits(fields: dict[bytes, bytes]) -> dict[str, tuple[int, int]]:
         ):
             out[str(key)] = (value[0], value[1])
     return out
+
+
+async def read_hits(
+    client: aioredis.Redis | aioredis.RedisCluster, prefix: str, group: str, consumer: str, *, count: int
+) -> list[tuple[bytes, dict[str, tuple[int, int]]]]:
+    """Up to ``count`` new messages of :func:`hits_stream` for ``consumer`` of the consumer ``group``
+    (created, with the stream, when missing): ``(message id, counts)`` each, to :func:`ack_hits` once
+    they are safe elsewhere. Messages that are not hit counts come with empty counts."""
+    stream = hits_stream(prefix)
+    for attempt in range(2):
+        try:
+            replies: Any = await client.xreadgroup(group, consumer, {stream: ">"}, count=count, block=None)
+            break
+        except redis.ResponseError as exc:
+            if "NOGROUP" not in str(exc) or attempt:
+                raise
+            await _create_group(client, stream, group)
+    return [
+        (message_id, parse_hits(fields))
+        for _stream, messages in replies or []
+        for message_id, fields in messages
+    ]
+
+
+async def ack_hits(
+    client: aioredis.Redis | aioredis.RedisCluster, prefix: str, group: str, ids: Sequence[bytes]
+) -> None:
+    """Acknowledge messages :func:`read_hits` gave ``group``: they are not read again."""
+    if ids:
+        await client.xack(hits_stream(prefix), group, *ids)
+
+
+async def _create_group(client: aioredis.Redis | aioredis.RedisCluster, stream: str, group: str) -> None:
+    try:
+        await client.xgroup_create(stream, group, id="0", mkstream=True)
+    except redis.ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):  # another worker created it meanwhile: fine
+            raise

@@ -31,6 +31,7 @@ from cache_writer.exceptions import TierUnavailableError
 from cache_writer.layout import namespace_prefix, signature_key
 from cache_writer.redis import scripts
 from cache_writer.redis.pipeline import RedisClient, run_pipeline
+from cache_writer.redis.replies import as_text, hash_fields, raise_errors
 from schemas.model_updates import (
     decode_model_update,
     moved_signature,
@@ -89,10 +90,6 @@ class SetResult:
     """When refused: the active order that was not exceeded."""
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def _record(fields: dict[bytes, bytes], pending: bool) -> SignatureRecord | None:
     p = "p" if pending else ""
     signature = fields.get(f"{p}s".encode())
@@ -119,38 +116,21 @@ async def read_signatures(
 ) -> dict[str, NamespaceSignatures]:
     """The signature state of each namespace, read in one pipeline (redirects followed on a cluster)."""
     names = list(dict.fromkeys(namespaces))
-    replies = await run_pipeline(client, [("HGETALL", signature_key(prefix, ns)) for ns in names])
-    states: dict[str, NamespaceSignatures] = {}
-    for namespace, reply in zip(names, replies, strict=True):
-        if isinstance(reply, Exception):
-            raise reply
-        states[namespace] = parse_signatures(namespace, _fields(reply))
-    return states
+    replies = raise_errors(
+        await run_pipeline(client, [("HGETALL", signature_key(prefix, ns)) for ns in names])
+    )
+    return {ns: parse_signatures(ns, hash_fields(reply)) for ns, reply in zip(names, replies, strict=True)}
 
 
 async def read_active_signatures(client: RedisClient, prefix: str, namespaces: Sequence[str]) -> list[str]:
     """Only the active and pending signatures (fields ``s`` and ``ps``), as ``s/ps``, one per namespace;
     cheap enough to check on every batch whether a namespace's state changed."""
-    replies = await run_pipeline(
-        client, [("HMGET", signature_key(prefix, ns), "s", "ps") for ns in namespaces]
-    )
-    out: list[str] = []
-    for reply in replies:
-        if isinstance(reply, Exception):
-            raise reply
-        active, pending = reply
-        out.append(f"{_text(active) if active else ''}/{_text(pending) if pending else ''}")
-    return out
-
-
-def _fields(reply: Any) -> dict[bytes, bytes]:
-    if isinstance(reply, dict):
-        return {
-            k if isinstance(k, bytes) else str(k).encode(): v if isinstance(v, bytes) else str(v).encode()
-            for k, v in reply.items()
-        }
-    items = list(reply or [])
-    return dict(zip(items[0::2], items[1::2], strict=True))
+    commands = [("HMGET", signature_key(prefix, ns), "s", "ps") for ns in namespaces]
+    replies = raise_errors(await run_pipeline(client, commands))
+    return [
+        f"{as_text(active) if active else ''}/{as_text(pending) if pending else ''}"
+        for active, pending in replies
+    ]
 
 
 async def set_signature(
@@ -161,6 +141,7 @@ async def set_signature(
     *,
     mode: Literal["active", "pending"] = "active",
     channel: str | None = None,
+    tier: str = "redis",
 ) -> SetResult:
     """Compare-and-set the namespace's signature (``set_signature.lua``).
 
@@ -168,7 +149,7 @@ async def set_signature(
     signature that is not above it, and is announced on ``channel`` as ``a <signature> <key prefix>``
     (in-process tiers drop the namespace's entries). ``pending``: lands only when ``record.order`` is
     above the active order and not below the pending one (a replay of the same cutover lands again).
-    Raises :class:`TierUnavailableError` when Redis does not answer.
+    Raises :class:`TierUnavailableError` (naming ``tier``) when Redis does not answer.
     """
     at_ms = record.at_ms or int(time.time() * 1000)
     command = (
@@ -185,15 +166,10 @@ async def set_signature(
         channel or "",
         namespace_prefix(prefix, namespace),
     )
-    try:
-        (reply,) = await run_pipeline(client, [command], scripts=(scripts.SET_SIGNATURE.text,))
-    except redis.RedisError as exc:
-        raise TierUnavailableError("redis", exc) from exc
-    if isinstance(reply, Exception):
-        raise TierUnavailableError("redis", reply)
+    (reply,) = await _run(client, [command], scripts.SET_SIGNATURE.text, tier)
     if int(reply[0]) == 1:
-        return SetResult(True, _text(reply[1]))
-    return SetResult(False, _text(reply[2]), _text(reply[1]))
+        return SetResult(True, as_text(reply[1]))
+    return SetResult(False, as_text(reply[2]), as_text(reply[1]))
 
 
 async def fence_namespace(
@@ -204,6 +180,7 @@ async def fence_namespace(
     value_columns: Iterable[str] | None,
     channel: str | None = None,
     attempts: int = 8,
+    tier: str = "redis",
 ) -> SetResult:
     """Move the namespace's active signature to its next epoch: from this write on, no entry built
     before it is served by any tier (an O(1) invalidation of the whole namespace, as a cutover is).
@@ -211,10 +188,14 @@ async def fence_namespace(
     The model and the value columns stay those of the active record; a namespace without any record
     gets its first one, over ``value_columns`` (which must then be given: the projection of its
     binding). A concurrent move (another fence, a DDL, a cutover) is met by reading again: the fence
-    lands on top of whatever is active. Raises :class:`TierUnavailableError` when Redis does not answer.
+    lands on top of whatever is active. Raises :class:`TierUnavailableError` (naming ``tier``) when Redis
+    does not answer.
     """
     for _ in range(attempts):
-        state = (await read_signatures(client, prefix, [namespace]))[namespace]
+        try:
+            state = (await read_signatures(client, prefix, [namespace]))[namespace]
+        except redis.RedisError as exc:
+            raise TierUnavailableError(tier, exc) from exc
         active = state.active
         if active is not None:
             record = SignatureRecord.at(active.update, active.value_columns, next_epoch_order(active.order))
@@ -222,10 +203,10 @@ async def fence_namespace(
             raise ValueError(f"namespace {namespace} has no signature yet: its value columns are needed")
         else:
             record = SignatureRecord.at(b"", value_columns, next_epoch_order(signature_order(None)))
-        result = await set_signature(client, prefix, namespace, record, channel=channel)
+        result = await set_signature(client, prefix, namespace, record, channel=channel, tier=tier)
         if result.applied:
             return result
-    raise TierUnavailableError("redis", RuntimeError(f"signature of {namespace} kept moving during a fence"))
+    raise TierUnavailableError(tier, RuntimeError(f"signature of {namespace} kept moving during a fence"))
 
 
 OUTER_FENCED_FIELD = "fo"
@@ -234,7 +215,7 @@ fenced: readers must not copy entries inward from an outer tier then (README, "R
 
 
 async def mark_outer_fenced(
-    client: RedisClient, prefix: str, namespaces: Iterable[str], since_ms: int | None
+    client: RedisClient, prefix: str, namespaces: Iterable[str], since_ms: int | None, *, tier: str = "redis"
 ) -> None:
     """Set (``since_ms``) or clear (None) the outer-tier fence mark of each namespace, in one pipeline."""
     names = list(dict.fromkeys(namespaces))
@@ -243,23 +224,29 @@ async def mark_outer_fenced(
         commands = [("HDEL", signature_key(prefix, ns), OUTER_FENCED_FIELD) for ns in names]
     else:
         commands = [("HSET", signature_key(prefix, ns), OUTER_FENCED_FIELD, since_ms) for ns in names]
-    try:
-        replies = await run_pipeline(client, commands)
-    except redis.RedisError as exc:
-        raise TierUnavailableError("redis", exc) from exc
-    for reply in replies:
-        if isinstance(reply, Exception):
-            raise TierUnavailableError("redis", reply)
+    await _run(client, commands, None, tier)
 
 
-async def clear_pending(client: RedisClient, prefix: str, namespace: str, signature: str) -> bool:
+async def clear_pending(
+    client: RedisClient, prefix: str, namespace: str, signature: str, *, tier: str = "redis"
+) -> bool:
     """Drop the namespace's pending signature when it is ``signature`` (a cutover that failed rolls its
     pending signature back); returns whether it was dropped."""
     command = ("EVALSHA", scripts.CLEAR_PENDING.sha, 1, signature_key(prefix, namespace), signature)
-    try:
-        (reply,) = await run_pipeline(client, [command], scripts=(scripts.CLEAR_PENDING.text,))
-    except redis.RedisError as exc:
-        raise TierUnavailableError("redis", exc) from exc
-    if isinstance(reply, Exception):
-        raise TierUnavailableError("redis", reply)
+    (reply,) = await _run(client, [command], scripts.CLEAR_PENDING.text, tier)
     return int(reply) == 1
+
+
+async def _run(
+    client: RedisClient, commands: list[tuple[Any, ...]], script: str | None, tier: str
+) -> list[Any]:
+    """The replies of ``commands``; TierUnavailableError (naming ``tier``) when Redis does not answer or
+    refuses one of them."""
+    try:
+        replies = await run_pipeline(client, commands, scripts=(script,) if script else ())
+    except redis.RedisError as exc:
+        raise TierUnavailableError(tier, exc) from exc
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise TierUnavailableError(tier, reply)
+    return replies

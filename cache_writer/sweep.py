@@ -9,9 +9,10 @@ active nor the pending signature before deleting it; tombstones are never delete
 from __future__ import annotations
 
 from cache_writer.entries import scan_keys
-from cache_writer.layout import SIGNATURE_SUFFIX, namespace_pattern, signature_key
+from cache_writer.layout import is_signature_key, namespace_pattern, signature_key
 from cache_writer.redis import scripts
 from cache_writer.redis.pipeline import RedisClient, run_pipeline
+from cache_writer.redis.replies import raise_errors
 
 
 async def sweep_namespace(
@@ -26,16 +27,13 @@ async def sweep_namespace(
         commands = [
             ("EVALSHA", scripts.SWEEP_ENTRY.sha, 2, k, signature, "1" if dry_run else "0") for k in keys
         ]
-        replies = await run_pipeline(client, commands, scripts=(scripts.SWEEP_ENTRY.text,))
+        replies = raise_errors(await run_pipeline(client, commands, scripts=(scripts.SWEEP_ENTRY.text,)))
         keys.clear()
-        for reply in replies:
-            if isinstance(reply, Exception):
-                raise reply
         return sum(int(r) for r in replies)
 
     async for key in scan_keys(client, namespace_pattern(prefix, namespace), batch):
         scanned += 1
-        if key.decode(errors="replace").endswith(SIGNATURE_SUFFIX):
+        if is_signature_key(key):
             continue
         keys.append(key)
         if len(keys) >= batch:

@@ -1,36 +1,27 @@
-"""The asyncio application client (see cache_writer.client)."""
+"""The asyncio application client: carries out :class:`~cache_writer.client.core.ClientCore`'s steps."""
 
 from __future__ import annotations
 
 import asyncio
-import secrets
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
-import redis
 import redis.asyncio as aioredis
 
-from cache_writer.client.core import (
-    ClientBase,
-    FillResult,
-    Hit,
-    Lease,
-    Loaded,
-    Miss,
-    _decode_fill,
-    _decode_get,
-    _l3_entry,
-)
+from cache_writer.client.core import ClientCore, FillResult, Hit, Lease, Loaded, Miss, Op, Steps
 from cache_writer.hotness import HitRecorder
 from cache_writer.l1 import L1Cache
-from cache_writer.layout import signature_key_of
-from cache_writer.redis import scripts
 from cache_writer.redis.pipeline import RedisClient, run_pipeline
+from cache_writer.redis.replies import raise_errors
 from schemas.events import KeyValue
 
+T = TypeVar("T")
+AsyncLoader = Callable[[], Awaitable[Loaded]]
 
-class CacheClient(ClientBase):
-    """asyncio client. ``l3`` is an optional outer Redis read on an L2 miss (and used to fill L2)."""
+
+class CacheClient(ClientCore):
+    """asyncio client over one Redis or a Redis Cluster (``client``). ``l3`` is an optional outer Redis
+    read on an L2 miss (and used to fill L2)."""
 
     def __init__(
         self,
@@ -44,98 +35,59 @@ class CacheClient(ClientBase):
         hits: HitRecorder | None = None,
     ) -> None:
         super().__init__(
-            prefix=prefix, l1=l1, lease_ttl_ms=lease_ttl_ms, entry_ttl_ms=entry_ttl_ms, hits=hits
+            prefix=prefix,
+            l1=l1,
+            lease_ttl_ms=lease_ttl_ms,
+            entry_ttl_ms=entry_ttl_ms,
+            hits=hits,
+            has_l3=l3 is not None,
         )
         self.redis = client
         self.l3 = l3
 
-    async def _evalsha(self, sha: str, script: str, key: str, *args: Any) -> Any:
-        keys = (key, signature_key_of(key))
-        if isinstance(self.redis, aioredis.RedisCluster):
-            # redis-py's own ASK handling breaks under concurrency during a slot migration;
-            # run_pipeline follows MOVED/ASK itself and reloads scripts on the node that lacks them.
-            (reply,) = await run_pipeline(self.redis, [("EVALSHA", sha, 2, *keys, *args)], scripts=(script,))
-            if isinstance(reply, Exception):
-                raise reply
-            return reply
-        try:
-            return await self.redis.evalsha(sha, 2, *keys, *args)
-        except redis.exceptions.NoScriptError:
-            await self.redis.script_load(script)
-            return await self.redis.evalsha(sha, 2, *keys, *args)
-
     async def get(self, namespace: str, key_values: Sequence[KeyValue]) -> Hit | Miss:
-        """The entry from L1, L2 (then L3), or a miss with or without a lease.
-
-        An L2 entry is a hit only when it was built under the namespace's active signature.
-        """
-        key = self.key(namespace, key_values)
-        result = self._from_l1(key) or await self._get_l2(key)
-        self._count(key, result)
-        if self.hits is not None and self.hits.due():
-            await self.hits.flush(self.redis)
-        return result
-
-    async def _get_l2(self, key: str) -> Hit | Miss:
-        reply = await self._evalsha(
-            scripts.GET_OR_LEASE.sha, scripts.GET_OR_LEASE.text, key, secrets.token_hex(8), self.lease_ttl_ms
-        )
-        result = _decode_get(key, reply)
-        if isinstance(result, Hit):
-            if self.l1 is not None:
-                self.l1.put(key, result.version, result.value, result.signature)
-            return result
-        if self.l3 is not None and result.lease is not None and not result.lease.outer_fenced:
-            fields = await self.l3.hgetall(key)
-            outer = _l3_entry(fields, result.lease.signature)  # type: ignore[arg-type]
-            if outer is not None and await self.fill(result.lease, outer[1], outer[0]) is FillResult.FILLED:
-                return Hit(outer[1], outer[0], "l3", result.lease.signature)
-        return result
+        """See :meth:`ClientCore.get_steps`."""
+        return await self._run(self.get_steps(namespace, key_values))
 
     async def fill(
-        self,
-        lease: Lease,
-        value: bytes,
-        version: int | None = None,
-        row: Sequence[KeyValue] | None = None,
+        self, lease: Lease, value: bytes, version: int | None = None, row: Sequence[KeyValue] | None = None
     ) -> FillResult:
-        """Fill after a miss. ``version``: the row's version when the binding has a version column;
-        ``row``: the row's key column values (recorded in the entry, so a prewarm can reload it)."""
-        outcome = _decode_fill(
-            await self._evalsha(
-                scripts.FILL.sha, scripts.FILL.text, lease.key, *self._fill_args(lease, value, version, row)
-            )
-        )
-        self.counts[f"fill_{outcome.value}"] += 1
-        if outcome is FillResult.FILLED:
-            self._keep_in_l1(lease, value, version)
-        return outcome
+        """See :meth:`ClientCore.fill_steps`."""
+        return await self._run(self.fill_steps(lease, value, version, row))
 
     async def get_or_load(
         self,
         namespace: str,
         key_values: Sequence[KeyValue],
-        loader: Callable[[], Awaitable[Loaded]],
+        loader: AsyncLoader,
         *,
         wait_s: float = 0.01,
         attempts: int = 5,
     ) -> bytes | None:
-        """The value from the cache, else from ``loader`` (filled under a lease when this caller holds it).
+        """See :meth:`ClientCore.get_or_load_steps`."""
+        return await self._run(
+            self.get_or_load_steps(namespace, key_values, wait_s=wait_s, attempts=attempts), loader
+        )
 
-        When another caller holds the lease, wait ``wait_s`` and look again, up to ``attempts`` times,
-        then read through (load without filling).
-        """
-        for _ in range(attempts):
-            result = await self.get(namespace, key_values)
-            if isinstance(result, Hit):
-                return result.value
-            if result.lease is not None:
-                loaded = await loader()
-                if loaded is None:
-                    return None
-                await self.fill(result.lease, loaded[0], loaded[1])
-                return loaded[0]
-            await asyncio.sleep(wait_s)
-        self.counts["read_through"] += 1
-        loaded = await loader()
-        return None if loaded is None else loaded[0]
+    async def _run(self, steps: Steps[T], loader: AsyncLoader | None = None) -> T:
+        reply: Any = None  # a fresh generator takes None first
+        while True:
+            try:
+                op = steps.send(reply)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            reply = await self._do(op, loader)
+
+    async def _do(self, op: Op, loader: AsyncLoader | None) -> Any:
+        if op.name == "script":
+            command, script = op.args
+            return raise_errors(await run_pipeline(self.redis, [command], scripts=(script,)))[0]
+        if op.name == "outer" and self.l3 is not None:
+            return await self.l3.hgetall(op.args[0])
+        if op.name == "load" and loader is not None:
+            return await loader()
+        if op.name == "wait":
+            await asyncio.sleep(op.args[0])
+        elif op.name == "flush_hits" and self.hits is not None:
+            await self.hits.flush(self.redis)
+        return None

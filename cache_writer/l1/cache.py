@@ -108,7 +108,7 @@ class L1Cache:
         entries go, and only entries read under that signature may come in again."""
         with self._lock:
             self._signatures[namespace_prefix] = signature
-            for key in [k for k in self._entries if k.startswith(namespace_prefix)]:
+            for key in [k for k in self._entries if namespace_prefix_of(k) == namespace_prefix]:
                 del self._entries[key]
 
     def flush(self) -> None:

@@ -6,11 +6,13 @@ import asyncio
 import contextlib
 import logging
 import threading
+from typing import Any
 
 import redis
 import redis.asyncio as aioredis
 
 from cache_writer.l1.cache import L1Cache
+from cache_writer.layout import parse_entry_key
 
 log = logging.getLogger(__name__)
 
@@ -19,8 +21,11 @@ def parse_signature_broadcast(message: bytes | str) -> tuple[str, str] | None:
     """``a <signature> <namespace prefix>`` -> (namespace prefix, signature); None for other messages."""
     text = message.decode() if isinstance(message, bytes) else message
     parts = text.split(" ", 2)
-    if len(parts) != 3 or parts[0] != "a" or not parts[2].endswith("}:"):
+    if len(parts) != 3 or parts[0] != "a":
         return None
+    parsed = parse_entry_key(parts[2])
+    if parsed is None or parsed.row != "":
+        return None  # not a namespace prefix '<prefix>:{<namespace>}:'
     return parts[2], parts[1]
 
 
@@ -35,6 +40,18 @@ def dispatch_broadcast(message: bytes | str, caches: list[L1Cache]) -> None:
     if cutover is not None:
         for cache in caches:
             cache.on_signature(*cutover)
+
+
+def apply_message(message: dict[str, Any], caches: list[L1Cache]) -> bool:
+    """Apply one Pub/Sub message of the invalidation channel; True when it confirms the subscription
+    (the caches were flushed while unsubscribed and serve again from now on)."""
+    if message["type"] == "subscribe":
+        for cache in caches:
+            cache.mark(True)
+        return True
+    if message["type"] == "message":
+        dispatch_broadcast(message["data"], caches)
+    return False
 
 
 def parse_broadcast(message: bytes | str) -> tuple[str, int, str] | None:
@@ -90,13 +107,9 @@ class InvalidationListener:
                     if message is None:
                         await pubsub.ping()
                         continue
-                    if message["type"] == "subscribe":
-                        for cache in self._caches:
-                            cache.mark(True)
+                    if apply_message(message, self._caches):
                         self.subscribed.set()
                         backoff = 0.05
-                    elif message["type"] == "message":
-                        dispatch_broadcast(message["data"], self._caches)
             except asyncio.CancelledError:
                 raise
             except (redis.RedisError, OSError) as exc:
@@ -143,13 +156,9 @@ class ThreadedInvalidationListener:
                     if message is None:
                         pubsub.ping()
                         continue
-                    if message["type"] == "subscribe":
-                        for cache in self._caches:
-                            cache.mark(True)
+                    if apply_message(message, self._caches):
                         self.subscribed.set()
                         backoff = 0.05
-                    elif message["type"] == "message":
-                        dispatch_broadcast(message["data"], self._caches)
             except (redis.RedisError, OSError) as exc:
                 log.warning("invalidation channel lost (%s): L1 flushed until resubscribed", exc)
             finally:

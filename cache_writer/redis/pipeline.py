@@ -1,8 +1,10 @@
 """Pipelines that work the same on one Redis and on a Redis Cluster, redirects and lost scripts included.
 
-:func:`run_pipeline` sends commands as one non-transactional pipeline and returns one reply per command,
-errors as exception instances (``raise_on_error=False``). On a cluster it follows the redirects itself
-instead of leaving them to redis-py (checked against redis-py 8.1):
+:func:`run_pipeline` (asyncio) and :func:`run_pipeline_sync` (blocking) send commands as one
+non-transactional pipeline and return one reply per command, errors as exception instances
+(``raise_on_error=False``). The rules live once in :mod:`cache_writer.redis.redirects`; the two functions
+only carry them out. On a cluster they follow the redirects themselves instead of leaving them to
+redis-py (checked against redis-py 8.1):
 
 - redis-py's own ASK handling sends ``ASKING`` and the redirected command as two separate requests, each
   on a connection taken from the target node's pool. When that pool holds two or more idle connections
@@ -31,43 +33,55 @@ access a non local key", after the earlier commands have run.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, TypeAlias
 
+import redis
 import redis.asyncio as aioredis
+import redis.cluster as sync_cluster
 from redis.asyncio.cluster import ClusterNode, PipelineCommand
-from redis.exceptions import AskError, MovedError, NoScriptError, TryAgainError
+from redis.exceptions import ConnectionError, TimeoutError
+
+from cache_writer.redis.redirects import (
+    MAX_ROUNDS,
+    RedirectStats,
+    Target,
+    by_node,
+    pipeline_steps,
+    routed,
+)
 
 RedisClient: TypeAlias = aioredis.Redis | aioredis.RedisCluster
-"""What the tiers and readers accept: one Redis, or a Redis Cluster client."""
+"""What the asyncio tiers and readers accept: one Redis, or a Redis Cluster client."""
 
-MAX_ROUNDS = 16
-"""Redirect rounds per call before the last redirect error is returned as the reply (redis-py uses 16)."""
+SyncRedisClient: TypeAlias = redis.Redis | redis.RedisCluster
+"""What the blocking readers accept: one Redis, or a Redis Cluster client."""
 
-_TRYAGAIN_PAUSE_S = 0.05
+Commands = Sequence[Sequence[Any]]
+Pending = list[tuple[int, Target]]
 
-# Where a pending command goes next: None = by the client's slot map; else (node "host:port", asking).
-_Target = tuple[str, bool] | None
-
-
-@dataclass
-class RedirectStats:
-    """Counts of what :func:`run_pipeline` had to follow, summed over the calls it was passed to."""
-
-    ask: int = 0
-    moved: int = 0
-    tryagain: int = 0
-    noscript: int = 0
+__all__ = [
+    "MAX_ROUNDS",
+    "RedirectStats",
+    "RedisClient",
+    "SyncRedisClient",
+    "is_cluster",
+    "run_pipeline",
+    "run_pipeline_sync",
+]
 
 
-def is_cluster(client: RedisClient) -> bool:
-    return isinstance(client, aioredis.RedisCluster)
+def is_cluster(client: RedisClient | SyncRedisClient) -> bool:
+    return isinstance(client, aioredis.RedisCluster | redis.RedisCluster)
+
+
+# --- asyncio ---------------------------------------------------------------------------------------------
 
 
 async def run_pipeline(
     client: RedisClient,
-    commands: Sequence[Sequence[Any]],
+    commands: Commands,
     *,
     scripts: Sequence[str] = (),
     stats: RedirectStats | None = None,
@@ -78,148 +92,220 @@ async def run_pipeline(
     """
     if not commands:
         return []
-    stats = stats if stats is not None else RedirectStats()
-    if isinstance(client, aioredis.RedisCluster):
-        return await _run_cluster(client, commands, scripts, stats)
-    return await _run_single(client, commands, scripts, stats)
-
-
-async def _run_single(
-    client: aioredis.Redis, commands: Sequence[Sequence[Any]], scripts: Sequence[str], stats: RedirectStats
-) -> list[Any]:
-    replies: list[Any] = [None] * len(commands)
-    pending = list(range(len(commands)))
-    for attempt in range(2):
-        async with client.pipeline(transaction=False) as pipe:
-            for index in pending:
-                pipe.execute_command(*commands[index])
-            got = await pipe.execute(raise_on_error=False)
-        refused = []
-        for index, reply in zip(pending, got, strict=True):
-            replies[index] = reply
-            if isinstance(reply, NoScriptError) and scripts and attempt == 0:
-                refused.append(index)
-        if not refused:
-            break
-        stats.noscript += len(refused)
-        for script in scripts:
-            await client.script_load(script)
-        pending = refused
-    return replies
-
-
-async def _run_cluster(
-    client: aioredis.RedisCluster,
-    commands: Sequence[Sequence[Any]],
-    scripts: Sequence[str],
-    stats: RedirectStats,
-) -> list[Any]:
-    replies: list[Any] = [None] * len(commands)
-    pending: list[tuple[int, _Target]] = [(index, None) for index in range(len(commands))]
-    loaded_on_primaries = False
-    loaded_on: set[str] = set()
-    temporary: dict[str, ClusterNode] = {}
+    driver: _AsyncCluster | _AsyncSingle = (
+        _AsyncCluster(client, commands, scripts)
+        if isinstance(client, aioredis.RedisCluster)
+        else _AsyncSingle(client, commands, scripts)
+    )
+    steps = pipeline_steps(
+        len(commands), scripts=bool(scripts), follow_redirects=isinstance(driver, _AsyncCluster), stats=stats
+    )
     try:
-        for _ in range(MAX_ROUNDS):
-            answered = await _send_round(client, commands, pending, temporary)
-            retry: list[tuple[int, _Target]] = []
-            refresh = pause = load_primaries = False
-            load_nodes: set[str] = set()
-            for (index, target), reply in zip(pending, answered, strict=True):
-                replies[index] = reply
-                if isinstance(reply, MovedError):  # a subclass of AskError: test it first
-                    retry.append((index, (_name(reply), False)))
-                    refresh = True
-                    stats.moved += 1
-                elif isinstance(reply, AskError):
-                    retry.append((index, (_name(reply), True)))
-                    stats.ask += 1
-                elif isinstance(reply, TryAgainError):
-                    retry.append((index, target))
-                    pause = True
-                    stats.tryagain += 1
-                elif isinstance(reply, NoScriptError) and scripts:
-                    if target is None and not loaded_on_primaries:
-                        load_primaries = True
-                        retry.append((index, target))
-                        stats.noscript += 1
-                    elif target is not None and target[0] not in loaded_on:
-                        load_nodes.add(target[0])
-                        retry.append((index, target))
-                        stats.noscript += 1
-            if not retry:
-                break
-            if load_primaries:
-                for script in scripts:
-                    await client.script_load(script)  # SCRIPT LOAD goes to every primary
-                loaded_on_primaries = True
-            for name in sorted(load_nodes):
-                node = await _node(client, name, temporary)
-                for script in scripts:
-                    await node.execute_command("SCRIPT", "LOAD", script)
-                loaded_on.add(name)
-            if refresh:
-                await client.nodes_manager.initialize()
-            if pause:
-                await asyncio.sleep(_TRYAGAIN_PAUSE_S)
-            pending = retry
+        reply: Any = None  # a fresh generator takes None first
+        while True:
+            try:
+                step = steps.send(reply)
+            except StopIteration as done:
+                return list(done.value)
+            reply = await getattr(driver, step.op)(*step.args)
     finally:
-        for node in temporary.values():
+        await driver.close()
+
+
+class _AsyncSingle:
+    def __init__(self, client: aioredis.Redis, commands: Commands, scripts: Sequence[str]) -> None:
+        self.client, self.commands, self.scripts = client, commands, scripts
+
+    async def send(self, pending: Pending) -> list[Any]:
+        async with self.client.pipeline(transaction=False) as pipe:
+            for index, _ in pending:
+                pipe.execute_command(*self.commands[index])
+            return list(await pipe.execute(raise_on_error=False))
+
+    async def load(self, node: str | None) -> None:
+        for script in self.scripts:
+            await self.client.script_load(script)
+
+    async def close(self) -> None:
+        pass
+
+
+class _AsyncCluster:
+    def __init__(self, client: aioredis.RedisCluster, commands: Commands, scripts: Sequence[str]) -> None:
+        self.client, self.commands, self.scripts = client, commands, scripts
+        self.temporary: dict[str, ClusterNode] = {}
+
+    async def send(self, pending: Pending) -> list[Any]:
+        """Every pending command once: by slot map in one cluster pipeline, or to its named node."""
+        answered: list[Any] = [None] * len(pending)
+        positions = routed(pending)
+        if positions:
+            async with self.client.pipeline(transaction=False) as pipe:
+                for position in positions:
+                    pipe.execute_command(*self.commands[pending[position][0]])
+                # allow_redirections=False: redirects come back as replies, for pipeline_steps.
+                got = await pipe.execute(raise_on_error=False, allow_redirections=False)
+            for position, reply in zip(positions, got, strict=True):
+                answered[position] = reply
+        for name, positions in by_node(pending).items():
+            node = self._node(name)
+            stack: list[PipelineCommand] = []
+            sent: list[PipelineCommand] = []
+            for position in positions:
+                index, target = pending[position]
+                if target is not None and target[1]:
+                    stack.append(PipelineCommand(len(stack), "ASKING"))  # one-shot flag for the next command
+                sent.append(PipelineCommand(len(stack), *self.commands[index]))
+                stack.append(sent[-1])
+            await node.execute_pipeline(stack)  # one connection, in order
+            for position, command in zip(positions, sent, strict=True):
+                answered[position] = command.result
+        return answered
+
+    async def load(self, node: str | None) -> None:
+        for script in self.scripts:
+            if node is None:
+                await self.client.script_load(script)  # SCRIPT LOAD goes to every primary
+            else:
+                await self._node(node).execute_command("SCRIPT", "LOAD", script)
+
+    async def refresh(self) -> None:
+        await self.client.nodes_manager.initialize()
+
+    async def pause(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+    def _node(self, name: str) -> ClusterNode:
+        """The client's node ``host:port``; a node it does not know (an importing node without slots yet,
+        when the cluster grows) gets a temporary connection pool, closed at the end of the call."""
+        node = self.client.get_node(node_name=name) or self.temporary.get(name)
+        if node is None:
+            host, port = name.rsplit(":", 1)
+            kwargs = self.client.get_connection_kwargs()
+            kept: dict[str, Any] = {k: v for k, v in kwargs.items() if k not in ("host", "port")}
+            node = self.temporary[name] = ClusterNode(host, int(port), **kept)
+        return node
+
+    async def close(self) -> None:
+        for node in self.temporary.values():
             await node.disconnect()
-    return replies
 
 
-async def _send_round(
-    client: aioredis.RedisCluster,
-    commands: Sequence[Sequence[Any]],
-    pending: Sequence[tuple[int, _Target]],
-    temporary: dict[str, ClusterNode],
+# --- blocking --------------------------------------------------------------------------------------------
+
+
+def run_pipeline_sync(
+    client: SyncRedisClient,
+    commands: Commands,
+    *,
+    scripts: Sequence[str] = (),
+    stats: RedirectStats | None = None,
 ) -> list[Any]:
-    """Send every pending command once: by slot map in one cluster pipeline, or to its named node."""
-    answered: list[Any] = [None] * len(pending)
-    routed = [position for position, (_, target) in enumerate(pending) if target is None]
-    if routed:
-        async with client.pipeline(transaction=False) as pipe:
-            for position in routed:
-                pipe.execute_command(*commands[pending[position][0]])
-            # allow_redirections=False: redirects come back as replies and are followed by _run_cluster.
-            got = await pipe.execute(raise_on_error=False, allow_redirections=False)
-        for position, reply in zip(routed, got, strict=True):
-            answered[position] = reply
-    by_node: dict[str, list[int]] = {}
-    for position, (_, target) in enumerate(pending):
-        if target is not None:
-            by_node.setdefault(target[0], []).append(position)
-    for name, positions in by_node.items():
-        node = await _node(client, name, temporary)
-        stack: list[PipelineCommand] = []
-        sent: list[PipelineCommand] = []
-        for position in positions:
-            index, target = pending[position]
-            if target is not None and target[1]:
-                stack.append(PipelineCommand(len(stack), "ASKING"))  # one-shot flag for the next command
-            command = PipelineCommand(len(stack), *commands[index])
-            stack.append(command)
-            sent.append(command)
-        await node.execute_pipeline(stack)  # one connection, in order
-        for position, command in zip(positions, sent, strict=True):
-            answered[position] = command.result
-    return answered
+    """:func:`run_pipeline` for redis-py's blocking clients: the same replies, redirects and reloads."""
+    if not commands:
+        return []
+    driver: _SyncCluster | _SyncSingle = (
+        _SyncCluster(client, commands, scripts)
+        if isinstance(client, redis.RedisCluster)
+        else _SyncSingle(client, commands, scripts)
+    )
+    steps = pipeline_steps(
+        len(commands), scripts=bool(scripts), follow_redirects=isinstance(driver, _SyncCluster), stats=stats
+    )
+    try:
+        reply: Any = None  # a fresh generator takes None first
+        while True:
+            try:
+                step = steps.send(reply)
+            except StopIteration as done:
+                return list(done.value)
+            reply = getattr(driver, step.op)(*step.args)
+    finally:
+        driver.close()
 
 
-async def _node(client: aioredis.RedisCluster, name: str, temporary: dict[str, ClusterNode]) -> ClusterNode:
-    """The client's node ``host:port``; a node it does not know (an importing node without slots yet,
-    when the cluster grows) gets a temporary connection pool, closed at the end of the call."""
-    node = client.get_node(node_name=name) or temporary.get(name)
-    if node is None:
-        host, port = name.rsplit(":", 1)
-        kwargs: dict[str, Any] = {
-            k: v for k, v in client.get_connection_kwargs().items() if k not in ("host", "port")
-        }
-        node = ClusterNode(host, int(port), **kwargs)
-        temporary[name] = node
-    return node
+class _SyncSingle:
+    def __init__(self, client: redis.Redis, commands: Commands, scripts: Sequence[str]) -> None:
+        self.client, self.commands, self.scripts = client, commands, scripts
+
+    def send(self, pending: Pending) -> list[Any]:
+        pipe: Any
+        with self.client.pipeline(transaction=False) as pipe:
+            for index, _ in pending:
+                pipe.execute_command(*self.commands[index])
+            return list(pipe.execute(raise_on_error=False))
+
+    def load(self, node: str | None) -> None:
+        for script in self.scripts:
+            self.client.script_load(script)
+
+    def close(self) -> None:
+        pass
 
 
-def _name(redirect: AskError) -> str:
-    return f"{redirect.host}:{redirect.port}"
+class _SyncCluster:
+    def __init__(self, client: redis.RedisCluster, commands: Commands, scripts: Sequence[str]) -> None:
+        self.client: Any = client  # redis-py's blocking cluster client has no type hints
+        self.commands, self.scripts = commands, scripts
+        self.temporary: dict[str, Any] = {}
+
+    def send(self, pending: Pending) -> list[Any]:
+        """As :meth:`_AsyncCluster.send`; a connection that failed is raised, not returned as a reply."""
+        answered: list[Any] = [None] * len(pending)
+        positions = routed(pending)
+        pipe: Any
+        if positions:
+            command: Any = sync_cluster.PipelineCommand
+            stack = [
+                command(tuple(self.commands[pending[p][0]]), position=i) for i, p in enumerate(positions)
+            ]
+            with self.client.pipeline(transaction=False) as pipe:
+                # allow_redirections=False: redirects come back as replies, for pipeline_steps.
+                got = pipe.send_cluster_commands(stack, raise_on_error=False, allow_redirections=False)
+            for position, reply in zip(positions, got, strict=True):
+                answered[position] = reply
+        for name, positions in by_node(pending).items():
+            sent: list[int] = []  # where each command's reply is among the node's replies
+            with self._node(name).pipeline(transaction=False) as pipe:  # one connection, in order
+                for position in positions:
+                    index, target = pending[position]
+                    if target is not None and target[1]:
+                        pipe.execute_command("ASKING")  # one-shot flag for the next command
+                    sent.append(len(pipe))
+                    pipe.execute_command(*self.commands[index])
+                got = pipe.execute(raise_on_error=False)
+            for position, at in zip(positions, sent, strict=True):
+                answered[position] = got[at]
+        for reply in answered:
+            if isinstance(reply, ConnectionError | TimeoutError):
+                raise reply
+        return answered
+
+    def load(self, node: str | None) -> None:
+        for script in self.scripts:
+            if node is None:
+                self.client.script_load(script)  # SCRIPT LOAD goes to every primary
+            else:
+                self._node(node).script_load(script)
+
+    def refresh(self) -> None:
+        self.client.nodes_manager.initialize()
+
+    def pause(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    def _node(self, name: str) -> Any:
+        """As :meth:`_AsyncCluster._node`: the node's client, or a temporary one for a node the client does
+        not know yet."""
+        node = self.client.get_node(node_name=name)
+        if node is not None:
+            return self.client.get_redis_connection(node)
+        if name not in self.temporary:
+            host, port = name.rsplit(":", 1)
+            kwargs = dict(self.client.get_connection_kwargs())
+            self.temporary[name] = self.client.nodes_manager.create_redis_node(host, int(port), **kwargs)
+        return self.temporary[name]
+
+    def close(self) -> None:
+        for node in self.temporary.values():
+            node.close()

@@ -1,27 +1,45 @@
-"""The Redis tier (L2): versioned compare-and-set in Lua, batched with pipelining.
+"""The Redis tier (L2, and an outer L3): versioned compare-and-set in Lua, batched with pipelining, and
+every other read and write the pipeline makes in a tier (the whole :class:`~cache_writer.tier.CacheTier`
+contract: nobody reaches through to the redis-py client).
 
-The two scripts are loaded once and called with EVALSHA; a NOSCRIPT answer (the server restarted or its
+The scripts are loaded once and called with EVALSHA; a NOSCRIPT answer (the server restarted or its
 script cache was flushed) reloads them and retries just the refused actions, in order.
 
 On a Redis Cluster (``FRESHKEY_REDIS_CLUSTER=true``) the same batch goes out as one non-transactional
 pipeline per node; MOVED, ASK and TRYAGAIN during a slot migration are followed and NOSCRIPT is answered
 on the node that refused, see :mod:`cache_writer.redis.pipeline`.
+
+Every method raises :class:`TierUnavailableError` when the tier does not answer (a retry may succeed).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Literal
 
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError, RedisError
 
-from cache_writer.entries import scan_keys
+from cache_writer.entries import Entry, read_entries, read_fields, read_namespace, scan_keys
 from cache_writer.exceptions import TierUnavailableError
-from cache_writer.layout import invalidation_channel, signature_key_of
+from cache_writer.hotness import ack_hits, read_hits
+from cache_writer.layout import invalidation_channel, is_signature_key, prefix_pattern, signature_key_of
 from cache_writer.redis import scripts
 from cache_writer.redis.pipeline import RedirectStats, RedisClient, run_pipeline
-from cache_writer.settings import RedisSettings
+from cache_writer.redis.replies import as_bytes
+from cache_writer.settings import L3Settings, RedisSettings
+from cache_writer.signatures import (
+    NamespaceSignatures,
+    SetResult,
+    SignatureRecord,
+    clear_pending,
+    fence_namespace,
+    mark_outer_fenced,
+    read_active_signatures,
+    read_signatures,
+    set_signature,
+)
 from cache_writer.tier import ActionResult, CacheAction, Outcome
 
 
@@ -38,7 +56,7 @@ def connect(settings: RedisSettings) -> RedisClient:
 
 
 class RedisTier:
-    """L2: one Redis (or one Redis Cluster node set) holding ``fk:{namespace}:row`` hashes."""
+    """One Redis (or one Redis Cluster node set) holding freshkey's hashes (README, "Redis layout")."""
 
     def __init__(
         self,
@@ -62,6 +80,7 @@ class RedisTier:
 
     @classmethod
     def from_settings(cls, settings: RedisSettings) -> RedisTier:
+        """L2 as configured (``FRESHKEY_REDIS_*``)."""
         return cls(
             connect(settings),
             tombstone_ttl_ms=settings.tombstone_ttl_s * 1000,
@@ -69,102 +88,109 @@ class RedisTier:
             channel=invalidation_channel(settings.key_prefix) if settings.broadcast else None,
         )
 
+    @classmethod
+    def outer_from_settings(cls, settings: RedisSettings, l3: L3Settings) -> RedisTier | None:
+        """L3 as configured (``FRESHKEY_REDIS_L3_*``), None when it is not; tombstones live as in L2."""
+        if not l3.url:
+            return None
+        password = l3.password.get_secret_value() if l3.password else None
+        return cls(
+            aioredis.Redis.from_url(l3.url, password=password),
+            tombstone_ttl_ms=settings.tombstone_ttl_s * 1000,
+            entry_ttl_ms=l3.entry_ttl_s * 1000 if l3.entry_ttl_s else None,
+            name="redis-l3",
+        )
+
     @property
     def client(self) -> RedisClient:
+        """The redis-py client, for applications and tests that speak the layout themselves; the pipeline
+        uses the methods below."""
         return self._client
 
-    async def load_scripts(self) -> None:
-        """Load both scripts (on a cluster: on every primary, which is where SCRIPT LOAD goes)."""
+    @contextmanager
+    def _answering(self) -> Iterator[None]:
         try:
-            await self._client.script_load(scripts.WRITE.text)
-            await self._client.script_load(scripts.INVALIDATE.text)
+            yield
         except RedisError as exc:
             raise TierUnavailableError(self.name, exc) from exc
 
+    # --- entries ---------------------------------------------------------------------------------------
+
+    async def load_scripts(self) -> None:
+        """Load every script (on a cluster: on every primary, which is where SCRIPT LOAD goes)."""
+        with self._answering():
+            for script in scripts.ALL:
+                await self._client.script_load(script.text)
+
     def command(self, action: CacheAction) -> tuple[Any, ...]:
         """The EVALSHA command (arguments) that applies ``action`` in this tier."""
-        if action.kind == "write" and (action.signature is not None or action.row is not None):
-            return (
-                "EVALSHA",
-                scripts.WRITE.sha,
-                2,
-                action.key,
-                signature_key_of(action.key),
-                action.version,
-                action.value,
-                action.commit_ts_us,
-                self._entry_ttl,
-                self._channel,
-                action.signature or "",
-                action.row or "",
-            )
-        elif action.kind == "write":
-            return (
-                "EVALSHA",
-                scripts.WRITE.sha,
-                1,
-                action.key,
-                action.version,
-                action.value,
-                action.commit_ts_us,
-                self._entry_ttl,
-                self._channel,
-            )
-        else:
-            return (
-                "EVALSHA",
-                scripts.INVALIDATE.sha,
-                1,
-                action.key,
-                action.version,
-                action.commit_ts_us,
-                self._tombstone_ttl,
-                self._channel,
-            )
+        if action.kind == "invalidate":
+            args: tuple[Any, ...] = (action.version, action.commit_ts_us, self._tombstone_ttl, self._channel)
+            return ("EVALSHA", scripts.INVALIDATE.sha, 1, action.key, *args)
+        args = (action.version, action.value, action.commit_ts_us, self._entry_ttl, self._channel)
+        if action.signature is None and action.row is None:
+            return ("EVALSHA", scripts.WRITE.sha, 1, action.key, *args)
+        keys = (action.key, signature_key_of(action.key))
+        return ("EVALSHA", scripts.WRITE.sha, 2, *keys, *args, action.signature or "", action.row or "")
 
     async def apply(self, actions: Sequence[CacheAction]) -> list[ActionResult]:
         commands = [self.command(action) for action in actions]
-        try:
+        with self._answering():
             replies = await run_pipeline(
                 self._client,
                 commands,
                 scripts=(scripts.WRITE.text, scripts.INVALIDATE.text),
                 stats=self.redirects,
             )
-        except RedisError as exc:
-            raise TierUnavailableError(self.name, exc) from exc
         for reply in replies:
             if isinstance(reply, Exception) and is_transient(reply):
                 raise TierUnavailableError(self.name, reply)
         return [_result(action, reply) for action, reply in zip(actions, replies, strict=True)]
 
+    async def read_entries(self, keys: Sequence[str]) -> dict[str, Entry | None]:
+        """The entry (or tombstone) at each key; None where there is none."""
+        with self._answering():
+            return await read_entries(self._client, keys)
+
+    async def read_namespace(self, prefix: str, namespace: str) -> dict[str, Entry]:
+        """Every entry and tombstone of a namespace (SCAN of every primary), by key."""
+        with self._answering():
+            return await read_namespace(self._client, prefix, namespace)
+
+    async def read_fields(self, keys: Sequence[str], fields: Sequence[str]) -> list[list[bytes | None]]:
+        """The values of ``fields`` in each key's hash (None where absent), in order."""
+        with self._answering():
+            return await read_fields(self._client, keys, fields)
+
+    async def get(self, key: str) -> bytes | None:
+        """The string value at ``key`` (e.g. :func:`~cache_writer.layout.latest_verification_key`)."""
+        with self._answering():
+            value = await self._client.get(key)
+        return None if value is None else as_bytes(value)
+
     async def ping(self) -> None:
         """Raise TierUnavailableError unless the tier answers now."""
-        try:
+        with self._answering():
             await self._client.ping()
-        except RedisError as exc:
-            raise TierUnavailableError(self.name, exc) from exc
 
     async def flush(self, prefix: str, *, flushdb: bool = False, batch: int = 1000) -> int:
         """Remove every entry and tombstone freshkey wrote under ``prefix`` (the namespaces' ``$signature``
         hashes stay); returns how many keys went. ``flushdb``: FLUSHDB instead, when the tier's database
         is freshkey's alone (one command, atomic). For a fenced tier, before it is trusted again."""
-        try:
+        with self._answering():
             if flushdb:
                 await self._client.flushdb()
                 return -1
             removed = 0
             keys: list[bytes] = []
-            async for key in scan_keys(self._client, f"{prefix}:{{*}}:*", batch):
-                if not key.endswith(b"$signature"):
+            async for key in scan_keys(self._client, prefix_pattern(prefix), batch):
+                if not is_signature_key(key):
                     keys.append(key)
                 if len(keys) >= batch:
                     removed += await self._unlink(keys)
             if keys:
                 removed += await self._unlink(keys)
             return removed
-        except RedisError as exc:
-            raise TierUnavailableError(self.name, exc) from exc
 
     async def _unlink(self, keys: list[bytes]) -> int:
         replies = await run_pipeline(self._client, [("UNLINK", key) for key in keys])
@@ -173,6 +199,71 @@ class RedisTier:
 
     async def close(self) -> None:
         await self._client.aclose()
+
+    # --- signatures (cache_writer.signatures) ----------------------------------------------------------
+
+    async def read_signatures(self, prefix: str, namespaces: Iterable[str]) -> dict[str, NamespaceSignatures]:
+        """The signature state of each namespace, in one pipeline."""
+        with self._answering():
+            return await read_signatures(self._client, prefix, namespaces)
+
+    async def read_active_signatures(self, prefix: str, namespaces: Sequence[str]) -> list[str]:
+        """``<active>/<pending>`` of each namespace: cheap enough to check on every batch."""
+        with self._answering():
+            return await read_active_signatures(self._client, prefix, namespaces)
+
+    async def set_signature(
+        self,
+        prefix: str,
+        namespace: str,
+        record: SignatureRecord,
+        *,
+        mode: Literal["active", "pending"] = "active",
+    ) -> SetResult:
+        """Compare-and-set the namespace's signature; an activation is announced on this tier's channel."""
+        with self._answering():
+            return await set_signature(
+                self._client, prefix, namespace, record, mode=mode, channel=self.channel, tier=self.name
+            )
+
+    async def clear_pending(self, prefix: str, namespace: str, signature: str) -> bool:
+        """Drop the namespace's pending signature when it is ``signature``; whether it was dropped."""
+        with self._answering():
+            return await clear_pending(self._client, prefix, namespace, signature, tier=self.name)
+
+    async def fence_namespace(
+        self, prefix: str, namespace: str, *, value_columns: Iterable[str] | None
+    ) -> SetResult:
+        """Move the namespace's signature to its next epoch (announced on this tier's channel); ValueError
+        when it has none yet and ``value_columns`` is None."""
+        with self._answering():
+            return await fence_namespace(
+                self._client,
+                prefix,
+                namespace,
+                value_columns=value_columns,
+                channel=self.channel,
+                tier=self.name,
+            )
+
+    async def mark_outer_fenced(self, prefix: str, namespaces: Iterable[str], since_ms: int | None) -> None:
+        """Set (``since_ms``) or clear (None) the mark that tells readers an outer tier is fenced."""
+        with self._answering():
+            await mark_outer_fenced(self._client, prefix, namespaces, since_ms, tier=self.name)
+
+    # --- hit counts (cache_writer.hotness) -------------------------------------------------------------
+
+    async def read_hits(
+        self, prefix: str, group: str, consumer: str, *, count: int = 100
+    ) -> list[tuple[bytes, dict[str, tuple[int, int]]]]:
+        """Up to ``count`` new hit-count messages for ``consumer`` of ``group``: (id, counts) each."""
+        with self._answering():
+            return await read_hits(self._client, prefix, group, consumer, count=count)
+
+    async def ack_hits(self, prefix: str, group: str, ids: Sequence[bytes]) -> None:
+        """Acknowledge hit-count messages once their counts are safe elsewhere."""
+        with self._answering():
+            await ack_hits(self._client, prefix, group, ids)
 
 
 TRANSIENT_ERROR_PREFIXES = (
