@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from schemas.errors import FreshkeyError, Unavailable
 
-class CacheWriterError(Exception):
+
+class CacheWriterError(FreshkeyError):
     """Root of every error raised by ``cache_writer``."""
 
 
-class TierUnavailableError(CacheWriterError):
+class TierUnavailableError(CacheWriterError, Unavailable):
     """A tier could not be reached or answered with an error; the batch may be retried as a whole
     (every action is a compare-and-set on the version, so a retry cannot move an entry backwards)."""
 

@@ -11,7 +11,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class RedisSettings(BaseSettings):
     """The Redis L2 tier. A password goes in ``FRESHKEY_REDIS_PASSWORD``, never in the URL."""
 
-    model_config = SettingsConfigDict(env_prefix="FRESHKEY_REDIS_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="FRESHKEY_REDIS_", extra="ignore", frozen=True)
 
     url: str = "redis://127.0.0.1:6379/0"
     cluster: bool = Field(
@@ -36,7 +36,7 @@ class L3Settings(BaseSettings):
     with data the pipeline has already replaced.
     """
 
-    model_config = SettingsConfigDict(env_prefix="FRESHKEY_REDIS_L3_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="FRESHKEY_REDIS_L3_", extra="ignore", frozen=True)
 
     url: str | None = Field(None, description="Unset: no L3.")
     password: SecretStr | None = None

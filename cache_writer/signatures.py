@@ -133,6 +133,20 @@ async def read_active_signatures(client: RedisClient, prefix: str, namespaces: S
     ]
 
 
+@dataclass(frozen=True, slots=True)
+class ClientSignatures:
+    """The signature reads over a bare client (a :class:`~cache_writer.tier.SignatureReader`), for code
+    that holds a redis-py client rather than a tier."""
+
+    redis: RedisClient
+
+    async def read_signatures(self, prefix: str, namespaces: Iterable[str]) -> dict[str, NamespaceSignatures]:
+        return await read_signatures(self.redis, prefix, namespaces)
+
+    async def read_active_signatures(self, prefix: str, namespaces: Sequence[str]) -> list[str]:
+        return await read_active_signatures(self.redis, prefix, namespaces)
+
+
 async def set_signature(
     client: RedisClient,
     prefix: str,

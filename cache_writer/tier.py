@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from cache_writer.entries import Entry
@@ -56,8 +56,10 @@ class ActionResult:
     """Why a FAILED action failed."""
 
 
+@runtime_checkable
 class SignatureReader(Protocol):
-    """What reads the namespaces' signatures (the model registry, on every batch)."""
+    """What reads the namespaces' signatures (the model registry, on every batch): every tier, or
+    :class:`~cache_writer.signatures.ClientSignatures` over a bare client."""
 
     async def read_signatures(self, prefix: str, namespaces: Iterable[str]) -> dict[str, NamespaceSignatures]:
         """The signature state of each namespace."""

@@ -18,15 +18,17 @@ from typing import Literal
 import pymysql
 from confluent_kafka import KafkaError, KafkaException
 
+from schemas.errors import Fatal, FreshkeyError, Misconfigured, Unavailable
+
 RetryCause = Literal["database", "kafka", "fence", "gap"]
 """What a retriable failure was about; the ``cause`` attribute of ``freshkey.connector.retries``."""
 
 
-class ConnectorError(Exception):
+class ConnectorError(FreshkeyError):
     """Root of every error raised by ``connectors``."""
 
 
-class ConfigurationError(ConnectorError):
+class ConfigurationError(ConnectorError, Misconfigured):
     """The source server or the settings are not usable; the message says exactly what to change."""
 
 
@@ -38,11 +40,7 @@ class BinlogGapError(ConfigurationError):
     """
 
 
-class UnsupportedBinlogError(ConnectorError):
-    """The binlog holds something freshkey cannot decode (e.g. compressed events)."""
-
-
-class RetriableError(ConnectorError):
+class RetriableError(ConnectorError, Unavailable):
     """A server is unavailable for now; a new session after a backoff may succeed."""
 
     cause: RetryCause = "kafka"
@@ -78,7 +76,7 @@ class FenceError(RetriableError):
     cause: RetryCause = "fence"
 
 
-class RetriesExhaustedError(ConnectorError):
+class RetriesExhaustedError(ConnectorError, Fatal):
     """FRESHKEY_CONNECTOR_RETRY_MAX_ATTEMPTS consecutive sessions failed; the last failure is chained."""
 
 

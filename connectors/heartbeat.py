@@ -51,7 +51,7 @@ _IDENTIFIER = re.compile(r"^[A-Za-z0-9_$]{1,64}$")
 class HeartbeatSettings(BaseSettings):
     """Where the heartbeat row lives and how often it is written."""
 
-    model_config = SettingsConfigDict(env_prefix="FRESHKEY_HEARTBEAT_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="FRESHKEY_HEARTBEAT_", extra="ignore", frozen=True)
 
     enabled: bool = Field(True, description="Whether launchers (freshkey demo) start a heartbeat prober.")
     database: str = "freshkey"

@@ -30,10 +30,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from schemas import ChangeEvent
+from schemas.errors import InvalidInput
 from schemas.model_updates import ModelUpdate
 
 
-class RegistryRowError(ValueError):
+class RegistryRowError(InvalidInput):
     """The row is not a valid model update; the message says which column is wrong."""
 
 

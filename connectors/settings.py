@@ -19,7 +19,7 @@ from schemas.codec import DEAD_LETTER_OVERHEAD_BYTES, dead_letter_size_bound
 class MySQLSettings(BaseSettings):
     """Where the source database is and how the connector identifies itself as a replica."""
 
-    model_config = SettingsConfigDict(env_prefix="FRESHKEY_MYSQL_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="FRESHKEY_MYSQL_", extra="ignore", frozen=True)
 
     host: str = "127.0.0.1"
     port: int = Field(3306, ge=1, le=65535)
@@ -44,7 +44,7 @@ class MySQLSettings(BaseSettings):
 class KafkaSettings(BaseSettings):
     """The Kafka cluster and the topics freshkey creates on it (explicitly, never auto-created)."""
 
-    model_config = SettingsConfigDict(env_prefix="FRESHKEY_KAFKA_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="FRESHKEY_KAFKA_", extra="ignore", frozen=True)
 
     bootstrap: str = "127.0.0.1:9092"
     change_topic: str = "freshkey.changes"
@@ -102,7 +102,7 @@ class KafkaSettings(BaseSettings):
 class ConnectorSettings(BaseSettings):
     """The binlog connector process."""
 
-    model_config = SettingsConfigDict(env_prefix="FRESHKEY_CONNECTOR_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="FRESHKEY_CONNECTOR_", extra="ignore", frozen=True)
 
     checkpoint_path: Path = Path(".freshkey/checkpoint.json")
     flush_timeout_s: float = Field(30.0, gt=0, description="How long a shutdown waits for Kafka acks.")

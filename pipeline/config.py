@@ -23,11 +23,12 @@ from pipeline.settings import (
     WorkerSettings,
 )
 from schemas import Bindings, parse_bindings
+from schemas.errors import Misconfigured
 
 S = TypeVar("S", bound=BaseSettings)
 
 
-class SettingsError(ValueError):
+class SettingsError(Misconfigured):
     """Settings are invalid; the message names the environment variable to fix."""
 
 

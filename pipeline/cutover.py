@@ -33,10 +33,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from cache_writer import RedisTier
+from cache_writer import CacheTier
 from cache_writer.exceptions import TierUnavailableError
 from cache_writer.semantic import KeyHashWeights, load_update_weights
-from cache_writer.signatures import SignatureRecord, clear_pending, read_signatures, set_signature
+from cache_writer.signatures import SignatureRecord
 from pipeline.ddl import move_signatures
 from pipeline.loaders import Loaders
 from pipeline.models import ModelRegistry
@@ -44,6 +44,7 @@ from pipeline.prewarm import ColumnsOf, KeyColumnsOf, Prewarmer, PrewarmReport
 from pipeline.settings import ModelSettings
 from schemas import Binding, Bindings, DdlEvent
 from schemas.codec import DecodeError
+from schemas.errors import InvalidInput
 from schemas.model_updates import (
     ModelUpdate,
     ModelUpdateRejected,
@@ -55,7 +56,7 @@ from schemas.model_updates import (
 log = logging.getLogger(__name__)
 
 
-class CutoverRejected(ValueError):
+class CutoverRejected(InvalidInput):
     """A model update or cutover command that is not applied; ``reason`` goes to the dead letter."""
 
     def __init__(self, reason: str) -> None:
@@ -106,13 +107,13 @@ class Cutovers:
         self.columns_of = columns_of
         self.key_columns_of = key_columns_of
         self.loaders = loaders
-        self.tiers: list[RedisTier] = []
+        self.tiers: list[CacheTier] = []
         self.prewarmer = Prewarmer(
             prefix=prefix, settings=settings, key_columns_of=key_columns_of, loaders=loaders, tiers=self.tiers
         )
 
     @property
-    def l2(self) -> RedisTier:
+    def l2(self) -> CacheTier:
         if not self.tiers:
             raise RuntimeError("cache tiers are not connected yet")
         return self.tiers[0]
@@ -131,7 +132,7 @@ class Cutovers:
             raise CutoverRejected(f"invalid: {exc.reason}") from None
         try:
             known = [ns for ns in update.namespaces if ns in self.bindings]
-            states = await read_signatures(self.l2.client, self.prefix, known)
+            states = await self.l2.read_signatures(self.prefix, known)
             todo: list[str] = []
             active: ModelUpdate | None = None
             for namespace in known:
@@ -194,7 +195,7 @@ class Cutovers:
         mode = "prewarm-then-switch" if prewarm_first else "switch-then-prewarm"
         label = f"model {update.model} {update.model_version}"
         if prewarm_first:
-            pending = await set_signature(self.l2.client, self.prefix, namespace, record, mode="pending")
+            pending = await self.l2.set_signature(self.prefix, namespace, record, mode="pending")
             if not pending.applied:
                 raise CutoverRejected(
                     f"not-newer: {label} is not newer than the active signature of {namespace}"
@@ -219,9 +220,7 @@ class Cutovers:
         """A cutover that failed after writing its pending signature drops it again, so workers stop
         building entries under it (a retry of the cutover writes it anew)."""
         try:
-            dropped = await asyncio.shield(
-                clear_pending(self.l2.client, self.prefix, namespace, record.signature)
-            )
+            dropped = await asyncio.shield(self.l2.clear_pending(self.prefix, namespace, record.signature))
         except (TierUnavailableError, asyncio.CancelledError) as exc:
             log.warning(
                 "cutover of %s failed; its pending signature could not be dropped now (%r)", namespace, exc
@@ -240,11 +239,9 @@ class Cutovers:
             fresh = await self.record_for(binding, update)
             record = SignatureRecord(fresh.signature, record.order, record.update, fresh.value_columns)
         for tier in reversed(self.tiers[1:]):
-            await set_signature(tier.client, self.prefix, binding.namespace, record, channel=tier.channel)
+            await tier.set_signature(self.prefix, binding.namespace, record)
         started = time.perf_counter()
-        result = await set_signature(
-            self.l2.client, self.prefix, binding.namespace, record, channel=self.l2.channel
-        )
+        result = await self.l2.set_signature(self.prefix, binding.namespace, record)
         switch_ms = (time.perf_counter() - started) * 1000
         if not result.applied:
             raise CutoverRejected(

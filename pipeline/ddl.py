@@ -7,8 +7,8 @@ import logging
 import re
 from collections.abc import Awaitable, Callable, Sequence
 
-from cache_writer import RedisTier
-from cache_writer.signatures import SignatureRecord, read_signatures, set_signature
+from cache_writer import CacheTier
+from cache_writer.signatures import SignatureRecord
 from schemas import Binding, DdlEvent, VersionError, binlog_version
 from schemas.model_updates import (
     decode_model_update,
@@ -25,7 +25,7 @@ Projection = Callable[[Binding], Awaitable[tuple[str, ...]]]
 async def move_signatures(
     event: DdlEvent,
     bindings: Sequence[Binding],
-    tiers: Sequence[RedisTier],
+    tiers: Sequence[CacheTier],
     prefix: str,
     *,
     projection: Projection,
@@ -41,7 +41,7 @@ async def move_signatures(
     concerned = [b for b in bindings if ddl_concerns(event, b)]
     if not concerned:
         return []
-    states = await read_signatures(tiers[0].client, prefix, [b.namespace for b in concerned])
+    states = await tiers[0].read_signatures(prefix, [b.namespace for b in concerned])
     try:
         sequence = binlog_version(event.source.file, event.source.pos, 0)
     except VersionError:  # a file name without a number: order by the time the DDL was read
@@ -56,11 +56,9 @@ async def move_signatures(
             continue  # a replay of this DDL, or an older one
         columns = await projection(binding)
         record = SignatureRecord.at(update, columns, order)
-        for tier in reversed(tiers[1:]):
-            await set_signature(tier.client, prefix, binding.namespace, record, channel=tier.channel)
-        result = await set_signature(
-            tiers[0].client, prefix, binding.namespace, record, channel=tiers[0].channel
-        )
+        for tier in reversed(tiers[1:]):  # outermost first: L2, which the clients read, decides
+            await tier.set_signature(prefix, binding.namespace, record)
+        result = await tiers[0].set_signature(prefix, binding.namespace, record)
         if result.applied:
             moved.append(binding.namespace)
             log.info(

@@ -19,11 +19,8 @@ import pymysql
 from redis.exceptions import RedisError
 from tenacity import AsyncRetrying, before_sleep_log, retry_if_exception_type, wait_exponential
 
+from cache_writer import CacheTier, RedisTier
 from cache_writer.exceptions import TierUnavailableError
-from cache_writer.layout import invalidation_channel
-from cache_writer.redis.pipeline import RedisClient
-from cache_writer.redis.tier import connect
-from cache_writer.signatures import fence_namespace
 from connectors.database import table_columns
 from pipeline.config import AllSettings
 from schemas import Binding, Bindings
@@ -34,15 +31,15 @@ ColumnsOf = Callable[[Binding], Awaitable[tuple[str, ...]]]
 
 
 async def fence_namespaces(
-    client: RedisClient,
+    tier: CacheTier,
     prefix: str,
     bindings: Sequence[Binding],
     *,
     columns_of: ColumnsOf,
-    channel: str | None,
     reason: str,
 ) -> list[str]:
-    """Fence each binding's namespace (see the module docstring); returns the namespaces fenced.
+    """Fence each binding's namespace in ``tier`` (the primary, L2: announced on its channel; see the
+    module docstring); returns the namespaces fenced.
 
     ``columns_of`` gives a table's columns; it is asked only for a namespace that has no signature yet
     and no ``value_columns`` (its first signature covers its projection). Raises
@@ -52,10 +49,10 @@ async def fence_namespaces(
     for binding in dict.fromkeys(bindings):
         columns = binding.value_columns
         try:
-            await fence_namespace(client, prefix, binding.namespace, value_columns=columns, channel=channel)
+            await tier.fence_namespace(prefix, binding.namespace, value_columns=columns)
         except ValueError:
             columns = tuple(sorted(await columns_of(binding)))
-            await fence_namespace(client, prefix, binding.namespace, value_columns=columns, channel=channel)
+            await tier.fence_namespace(prefix, binding.namespace, value_columns=columns)
         fenced.append(binding.namespace)
     if fenced:
         log.warning(
@@ -75,8 +72,7 @@ def fence_all(settings: AllSettings, bindings: Bindings, reason: str) -> list[st
         return await asyncio.to_thread(table_columns, settings.mysql, binding.database, binding.table_name)
 
     async def run() -> list[str]:
-        client = connect(settings.redis)
-        channel = invalidation_channel(settings.redis.key_prefix) if settings.redis.broadcast else None
+        tier = RedisTier.from_settings(settings.redis)
         try:
             async for attempt in AsyncRetrying(
                 retry=retry_if_exception_type((TierUnavailableError, RedisError, OSError, pymysql.err.Error)),
@@ -86,15 +82,14 @@ def fence_all(settings: AllSettings, bindings: Bindings, reason: str) -> list[st
             ):
                 with attempt:
                     return await fence_namespaces(
-                        client,
+                        tier,
                         settings.redis.key_prefix,
                         bindings.bindings,
                         columns_of=columns_of,
-                        channel=channel,
                         reason=reason,
                     )
         finally:
-            await client.aclose()
+            await tier.close()
         raise AssertionError("unreachable")  # pragma: no cover
 
     return asyncio.run(run())

@@ -29,13 +29,14 @@ from typing import Any
 from connectors.database import read_rows
 from connectors.settings import MySQLSettings
 from schemas import Binding
+from schemas.errors import InvalidInput
 
 LOADER_GROUP = "freshkey.loaders"
 
 RowLoader = Callable[[Binding, Sequence[str], Sequence[Sequence[str]]], Iterable[Mapping[str, Any]]]
 
 
-class LoaderError(LookupError):
+class LoaderError(InvalidInput, LookupError):
     """The binding names a loader that is not installed."""
 
 

@@ -28,20 +28,17 @@ from cache_writer.semantic import (
 )
 from cache_writer.semantic.exceptions import EmbeddingError
 from cache_writer.semantic.rows import RowKeyRequest, row_keys
-from cache_writer.signatures import (
-    NamespaceSignatures,
-    SignatureRecord,
-    read_active_signatures,
-    read_signatures,
-)
+from cache_writer.signatures import ClientSignatures, NamespaceSignatures, SignatureRecord
+from cache_writer.tier import SignatureReader
 from pipeline.plan import value_columns_of
 from schemas import Binding, Bindings
+from schemas.errors import Unavailable
 from schemas.model_updates import ModelUpdate, ModelUpdateRejected, decode_model_update
 
 log = logging.getLogger(__name__)
 
 
-class ModelUnavailableError(RuntimeError):
+class ModelUnavailableError(Unavailable):
     """A namespace's active or pending model cannot be used on this worker (its weights cannot be read);
     the batch is retried, never skipped: without the keys its invalidations could not be made."""
 
@@ -123,15 +120,20 @@ class ModelRegistry:
     def cached(self, namespace: str) -> NamespaceModels:
         return self._states.get(namespace, NO_MODEL)
 
-    async def refresh(self, client: RedisClient, namespaces: Iterable[str]) -> dict[str, NamespaceModels]:
-        """The current states of ``namespaces`` (read from Redis now; loaded in full when they changed)."""
+    async def refresh(
+        self, tier: SignatureReader | RedisClient, namespaces: Iterable[str]
+    ) -> dict[str, NamespaceModels]:
+        """The current states of ``namespaces`` (read from the primary tier now; loaded in full when they
+        changed). ``tier``: the primary tier (a bare Redis client is still taken, for callers that have
+        not moved to the tier yet)."""
         names = sorted(set(namespaces))
         if not names:
             return {}
-        versions = await read_active_signatures(client, self.prefix, names)
+        reader = tier if isinstance(tier, SignatureReader) else ClientSignatures(tier)
+        versions = await reader.read_active_signatures(self.prefix, names)
         changed = [ns for ns, v in zip(names, versions, strict=True) if self._versions.get(ns) != v]
         if changed:
-            full = await read_signatures(client, self.prefix, changed)
+            full = await reader.read_signatures(self.prefix, changed)
             for namespace in changed:
                 self._states[namespace] = await self._load(full[namespace])
             for namespace, version in zip(names, versions, strict=True):

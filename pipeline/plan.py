@@ -12,10 +12,11 @@ from typing import Any
 
 from cache_writer import CacheAction, entry_key
 from schemas import Binding, ChangeEvent, VersionError, column_version, encode_value, row_key
+from schemas.errors import InvalidInput
 from schemas.versions import MAX_VERSION, datetime_to_us
 
 
-class BindError(ValueError):
+class BindError(InvalidInput):
     """The event does not fit its binding (a named column is missing, a version is unusable)."""
 
 

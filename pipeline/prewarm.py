@@ -12,11 +12,9 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote
 
-from cache_writer import CacheAction, RedisTier
-from cache_writer.layout import namespace_prefix
-from cache_writer.redis.pipeline import run_pipeline
+from cache_writer import CacheAction, CacheTier
+from cache_writer.layout import row_entry_key, row_key_values, row_of
 from cache_writer.semantic.exceptions import EmbeddingError
 from pipeline.loaders import LoaderError, Loaders
 from pipeline.models import KeyRequest, ModelState, semantic_keys
@@ -55,7 +53,7 @@ class Prewarmer:
         settings: ModelSettings,
         key_columns_of: KeyColumnsOf,
         loaders: Loaders,
-        tiers: list[RedisTier],
+        tiers: list[CacheTier],
     ) -> None:
         self.prefix = prefix
         self.settings = settings
@@ -64,7 +62,7 @@ class Prewarmer:
         self.tiers = tiers
 
     @property
-    def l2(self) -> RedisTier:
+    def l2(self) -> CacheTier:
         return self.tiers[0]
 
     async def prewarm_or_note(
@@ -94,17 +92,13 @@ class Prewarmer:
     async def _batch(
         self, binding: Binding, state: ModelState, keys: Sequence[str], report: PrewarmReport
     ) -> None:
-        replies = await run_pipeline(self.l2.client, [("HMGET", key, "v", "k") for key in keys])
+        replies = await self.l2.read_fields(keys, ("v", "k"))
         rows_wanted: dict[str, int] = {}
-        base = namespace_prefix(self.prefix, binding.namespace)
-        for key, reply in zip(keys, replies, strict=True):
-            if isinstance(reply, Exception):
-                raise reply
-            version, row = reply
+        for key, (version, row) in zip(keys, replies, strict=True):
             if binding.semantic is not None:
                 row_text = row.decode() if row else None
             else:
-                row_text = key[len(base) :] if key.startswith(base) else None
+                row_text = row_of(key, self.prefix, binding.namespace)
             if row_text is None or (binding.version_column is None and version is None):
                 report.skipped += 1  # no row to rebuild it from, or no version to write it with
                 continue
@@ -114,7 +108,7 @@ class Prewarmer:
             return
         key_columns = await self.key_columns_of(binding)
         loader = self.loaders.for_binding(binding)
-        wanted = [tuple(unquote(part) for part in text.split("/")) for text in rows_wanted]
+        wanted = [tuple(row_key_values(text)) for text in rows_wanted]
         rows = list(await asyncio.to_thread(lambda: list(loader(binding, key_columns, wanted))))
         report.rows += len(rows)
         requests: list[KeyRequest] = []
@@ -142,7 +136,7 @@ class Prewarmer:
         if binding.semantic is not None:
             keyed = await asyncio.to_thread(semantic_keys, requests, self.prefix)
         else:
-            keyed = [base + text for _, text, _ in prepared]  # entry_key of the row's key values
+            keyed = [row_entry_key(self.prefix, binding.namespace, text) for _, text, _ in prepared]
         now_us = int(time.time() * 1_000_000)
         actions: list[CacheAction] = []
         for (row, text, version), new_key in zip(prepared, keyed, strict=True):

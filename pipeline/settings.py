@@ -12,7 +12,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class WorkerSettings(BaseSettings):
     """The Faust worker that applies changes to the cache tiers."""
 
-    model_config = SettingsConfigDict(env_prefix="FRESHKEY_WORKER_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="FRESHKEY_WORKER_", extra="ignore", frozen=True)
 
     app_id: str = Field("freshkey", description="Faust app id; also the Kafka consumer group.")
     web_bind: str = "127.0.0.1"
@@ -45,7 +45,7 @@ class WorkerSettings(BaseSettings):
 class ModelSettings(BaseSettings):
     """Model updates and cutovers (``FRESHKEY_MODEL_*``)."""
 
-    model_config = SettingsConfigDict(env_prefix="FRESHKEY_MODEL_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="FRESHKEY_MODEL_", extra="ignore", frozen=True)
 
     cutover: Literal["prewarm-then-switch", "switch-then-prewarm"] = Field(
         "prewarm-then-switch",
@@ -64,7 +64,7 @@ class HotnessSettings(BaseSettings):
     """How hot an entry is (``FRESHKEY_HOTNESS_*``): alpha * sigmoid(hits / hit_scale) +
     (1 - alpha) * exp(-age / tau_s), age = seconds since its last hit."""
 
-    model_config = SettingsConfigDict(env_prefix="FRESHKEY_HOTNESS_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="FRESHKEY_HOTNESS_", extra="ignore", frozen=True)
 
     alpha: float = Field(0.7, ge=0, le=1, description="Weight of the hit count against recency.")
     tau_s: float = Field(3600.0, gt=0, description="Recency time constant, seconds.")
@@ -77,7 +77,7 @@ class HotnessSettings(BaseSettings):
 class BindingSettings(BaseSettings):
     """Where the bindings (table -> cache namespace) are read from."""
 
-    model_config = SettingsConfigDict(env_prefix="FRESHKEY_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="FRESHKEY_", extra="ignore", frozen=True)
 
     bindings: Path = Path("bindings.yaml")
 
@@ -85,7 +85,7 @@ class BindingSettings(BaseSettings):
 class SlaSettings(BaseSettings):
     """The promises: how far behind the database the caches may be, and how that is judged."""
 
-    model_config = SettingsConfigDict(env_prefix="FRESHKEY_SLA_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="FRESHKEY_SLA_", extra="ignore", frozen=True)
 
     p99_lag_ms: float = Field(200.0, gt=0, description="Target for the p99 of commit-to-cache lag.")
     window_ms: float = Field(
@@ -105,7 +105,7 @@ class SlaSettings(BaseSettings):
 class TelemetrySettings(BaseSettings):
     """Where metrics and traces go. The Prometheus endpoints listen on localhost unless configured."""
 
-    model_config = SettingsConfigDict(env_prefix="FRESHKEY_TELEMETRY_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="FRESHKEY_TELEMETRY_", extra="ignore", frozen=True)
 
     prometheus_bind: str = "127.0.0.1"
     prometheus_port: int = Field(9464, ge=0, le=65535, description="Worker's /metrics port; 0: off.")

@@ -13,11 +13,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from cache_writer import CacheTier, RedisTier, TierUnavailableError
-from cache_writer.signatures import mark_outer_fenced
 from connectors.database import table_columns
 from pipeline.fence import fence_namespaces
 from pipeline.outages import retrying
@@ -55,24 +53,16 @@ class Tiers:
         processor.on_outer_fenced = self._on_outer_fenced
 
     @property
-    def l2(self) -> RedisTier:
-        return self.processor.tiers[0]  # type: ignore[return-value]
+    def l2(self) -> CacheTier:
+        """The primary tier: it holds the signatures every reader checks."""
+        return self.processor.tiers[0]
 
     async def connect(self) -> None:
         """Connect every tier and load its scripts, retrying until each answers."""
-        redis = self.settings.redis
-        l3 = self.settings.l3
-        tiers: list[RedisTier] = [RedisTier.from_settings(redis)]
-        if l3.url:
-            password = l3.password.get_secret_value() if l3.password else None
-            tiers.append(
-                RedisTier(
-                    aioredis.Redis.from_url(l3.url, password=password),
-                    tombstone_ttl_ms=redis.tombstone_ttl_s * 1000,
-                    entry_ttl_ms=l3.entry_ttl_s * 1000 if l3.entry_ttl_s else None,
-                    name="redis-l3",
-                )
-            )
+        tiers: list[CacheTier] = [RedisTier.from_settings(self.settings.redis)]
+        outer = RedisTier.outer_from_settings(self.settings.redis, self.settings.l3)
+        if outer is not None:
+            tiers.append(outer)
         for tier in tiers:
             async for attempt in retrying(f"loading the scripts into {tier.name}"):
                 with attempt:
@@ -91,12 +81,7 @@ class Tiers:
         async for attempt in retrying(f"fencing {len(bindings)} namespace(s)"):
             with attempt:
                 fenced = await fence_namespaces(
-                    self.l2.client,
-                    self.settings.redis.key_prefix,
-                    bindings,
-                    columns_of=self._columns,
-                    channel=self.l2.channel,
-                    reason=reason,
+                    self.l2, self.settings.redis.key_prefix, bindings, columns_of=self._columns, reason=reason
                 )
         for namespace in fenced:
             self.processor.observers.on_event("fence")
@@ -112,7 +97,7 @@ class Tiers:
         namespaces = [b.namespace for b in self.bindings]
         async for attempt in retrying(f"marking {tier.name} fenced for readers"):
             with attempt:
-                await mark_outer_fenced(self.l2.client, self.settings.redis.key_prefix, namespaces, since)
+                await self.l2.mark_outer_fenced(self.settings.redis.key_prefix, namespaces, since)
         self.processor.observers.on_event("tier_fenced")
         task = asyncio.ensure_future(self._recover_outer(tier, namespaces))
         if self._spawn is not None:
@@ -131,7 +116,7 @@ class Tiers:
                 await tier.ping()
                 guard.recovering = True
                 removed = await tier.flush(self.settings.redis.key_prefix, flushdb=flushdb)
-                await mark_outer_fenced(self.l2.client, self.settings.redis.key_prefix, namespaces, None)
+                await self.l2.mark_outer_fenced(self.settings.redis.key_prefix, namespaces, None)
             except (TierUnavailableError, RedisError, OSError) as exc:
                 guard.recovering = False
                 if attempt % 10 == 1:

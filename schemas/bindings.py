@@ -33,10 +33,12 @@ import orjson
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from schemas.errors import Misconfigured
+
 _IDENT = r"^[A-Za-z0-9_$-]+$"
 
 
-class BindingError(ValueError):
+class BindingError(Misconfigured):
     """The bindings are invalid; the message names the binding and the field."""
 
 

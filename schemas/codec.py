@@ -16,12 +16,13 @@ from urllib.parse import quote
 import orjson
 from pydantic import TypeAdapter, ValidationError
 
+from schemas.errors import InvalidInput
 from schemas.events import ChangeEvent, DdlEvent, DeadLetter, Envelope, KeyValue
 
 _ENVELOPE: TypeAdapter[ChangeEvent | DdlEvent] = TypeAdapter(Envelope)
 
 
-class DecodeError(ValueError):
+class DecodeError(InvalidInput):
     """A message on a freshkey topic is not a valid event; ``reason`` says why in one line."""
 
     def __init__(self, reason: str) -> None:

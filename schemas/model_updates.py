@@ -19,6 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from schemas.codec import DecodeError
+from schemas.errors import InvalidInput
 from schemas.signature import SignatureError, canonical_json, normalize_schema, schema_signature
 
 _SEMVER = re.compile(
@@ -31,7 +32,7 @@ _NAMESPACE = re.compile(r"^[A-Za-z0-9_.-]+$")  # the same rule as schemas.bindin
 RejectionCode = Literal["not-newer", "unknown-namespace", "digest-mismatch", "weights-invalid"]
 
 
-class ModelUpdateRejected(ValueError):
+class ModelUpdateRejected(InvalidInput):
     """A model update that must not be applied; ``reason`` is one line for the dead letter."""
 
     def __init__(self, code: RejectionCode, reason: str) -> None:

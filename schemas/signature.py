@@ -93,6 +93,8 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from schemas.errors import InvalidInput
+
 SIGNATURE_FORMAT = "freshkey.signature/1"
 
 ANNOTATION_KEYWORDS = frozenset({"title", "description", "$comment", "examples", "example"})
@@ -118,7 +120,7 @@ _SCHEMA_LIST_KEYWORDS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
 _SHA256_HEX = re.compile(r"^[0-9a-fA-F]{64}$")
 
 
-class SignatureError(ValueError):
+class SignatureError(InvalidInput):
     """The input cannot be put in canonical form; the message names the JSON path."""
 
 

@@ -28,6 +28,8 @@ from __future__ import annotations
 import datetime as dt
 import re
 
+from schemas.errors import InvalidInput
+
 MAX_VERSION = 2**64 - 1
 _FILE_BITS, _POS_BITS, _ROW_BITS = 16, 32, 16
 _GTID_ORDINAL_BITS = 24
@@ -35,7 +37,7 @@ _FILE_SUFFIX = re.compile(r"\.(\d+)$")
 _EPOCH = dt.datetime(1970, 1, 1)
 
 
-class VersionError(ValueError):
+class VersionError(InvalidInput):
     """A version cannot be computed from the given input."""
 
 

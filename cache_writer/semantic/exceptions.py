@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from cache_writer.exceptions import CacheWriterError
+from schemas.errors import InvalidInput
 
 
 class SemanticKeyError(CacheWriterError):
     """Root of every error raised by ``cache_writer.semantic``."""
 
 
-class EmbeddingError(SemanticKeyError, ValueError):
+class EmbeddingError(SemanticKeyError, InvalidInput):
     """An embedding cannot be used: wrong length or type, not base64, NaN or infinite values."""
 
 

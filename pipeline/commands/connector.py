@@ -11,12 +11,8 @@ from typing import Annotated
 import typer
 
 from connectors.exceptions import ConnectorError, RetriesExhaustedError
-from connectors.runner import run_connector
 from pipeline.commands import EnvFile
-from pipeline.config import AllSettings, load_bindings, load_settings, setup_logging
-from pipeline.fence import fence_all
-from pipeline.observe.otel import configure_telemetry
-from pipeline.settings import TelemetrySettings
+from pipeline.config import AllSettings, load_bindings, setup_logging
 from schemas import Bindings
 
 log = logging.getLogger(__name__)
@@ -31,6 +27,8 @@ def fence_hook(settings: AllSettings, bindings: Bindings) -> Callable[[str], Non
     nothing cached before a gap is ever served. Raising makes the connector retry it before producing."""
 
     def on_gap(reason: str) -> None:
+        from pipeline.fence import fence_all
+
         namespaces = fence_all(settings, bindings, reason)
         log.warning("fenced %d namespace(s) after a gap: %s", len(namespaces), ", ".join(namespaces))
 
@@ -56,10 +54,13 @@ def connector(
     It reconnects by itself to the database and the broker (FRESHKEY_CONNECTOR_RETRY_*). Exit codes:
     2 for a configuration to change (the message says what), 1 when it gave up retrying.
     """
+    from connectors.runner import run_connector
+    from pipeline.observe.otel import configure_telemetry
+
     setup_logging(log_level)
     settings = AllSettings.load(env_file)
     bindings = load_bindings(settings.bindings_path)
-    configure_telemetry(load_settings(TelemetrySettings, env_file), service="connector")
+    configure_telemetry(settings.telemetry, service="connector")
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         run_connector(

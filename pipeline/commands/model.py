@@ -21,12 +21,8 @@ import yaml
 from pydantic import ValidationError
 from rich.console import Console
 
-from cache_writer.semantic import KeyHashWeights
-from cache_writer.semantic.exceptions import WeightsError
 from connectors.exceptions import ConnectorError
-from connectors.producer import ChangeProducer
 from connectors.settings import KafkaSettings
-from connectors.topics import ensure_topics
 from pipeline.commands import EnvFile
 from pipeline.config import load_settings
 from schemas.model_updates import ModelUpdate
@@ -72,6 +68,9 @@ def build_update(
 ) -> tuple[ModelUpdate, list[str]]:
     """The update to publish and warnings. The digest is the file's unless one is given (a different
     one is published as given: the workers reject it, which is how a wrong digest is tested)."""
+    from cache_writer.semantic import KeyHashWeights
+    from cache_writer.semantic.exceptions import WeightsError
+
     warnings: list[str] = []
     try:
         data = weights.read_bytes()
@@ -133,6 +132,9 @@ def publish(
     json_path: Annotated[Path | None, typer.Option("--json", help="Also write the update here.")] = None,
 ) -> None:
     """Publish one model update to the model-update topic and wait until Kafka has it."""
+    from connectors.producer import ChangeProducer
+    from connectors.topics import ensure_topics
+
     kafka = load_settings(KafkaSettings, env_file)
     update, warnings = build_update(
         model=model,
@@ -192,6 +194,9 @@ def init_weights(
     key_bits: Annotated[int, typer.Option("--key-bits", help="64 or 128.")] = 64,
 ) -> None:
     """Write random key-hash weights (deterministic for a seed and torch version) and print the digest."""
+    from cache_writer.semantic import KeyHashWeights
+    from cache_writer.semantic.exceptions import WeightsError
+
     try:
         weights = KeyHashWeights.generate(seed, _parse_dims(dims), shared_dim=shared_dim, key_bits=key_bits)
         digest = weights.save(out)

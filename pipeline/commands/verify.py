@@ -4,21 +4,20 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import orjson
-import redis.asyncio as aioredis
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from cache_writer.layout import latest_verification_key
-from cache_writer.redis.pipeline import RedisClient
-from cache_writer.redis.tier import connect
 from pipeline.commands import EnvFile
 from pipeline.config import AllSettings, load_bindings
 from pipeline.verify.judge import Verification, stated_nines
-from pipeline.verify.run import run_verification
+
+if TYPE_CHECKING:
+    from cache_writer.redis.pipeline import RedisClient
 
 console = Console()
 
@@ -48,6 +47,11 @@ def verify(
     """
     settings = AllSettings.load(env_file)
     bindings = load_bindings(settings.bindings_path)
+
+    import redis.asyncio as aioredis
+
+    from cache_writer.redis.tier import connect
+    from pipeline.verify.run import run_verification
 
     async def main() -> Verification:
         tiers: list[tuple[str, RedisClient]] = [("redis", connect(settings.redis))]

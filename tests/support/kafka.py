@@ -181,3 +181,20 @@ def committed_offsets(bootstrap: str, group: str, topic: str, timeout: float = 1
         return {tp.partition: tp.offset for tp in committed}
     finally:
         consumer.close()
+
+
+def end_offsets(bootstrap: str, topic: str, timeout: float = 10) -> dict[int, int]:
+    """The broker's end offset (next offset to be written) per partition of ``topic``. Some brokers
+    report less than the log end (Tansu: the last record batch's base offset + 1), never more: a group
+    committed below it is certainly behind."""
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "freshkey-test-ends"}, logger=_LIBRDKAFKA_LOG
+    )
+    try:
+        partitions = consumer.list_topics(topic, timeout=timeout).topics[topic].partitions
+        return {
+            p: int(consumer.get_watermark_offsets(ConfluentPartition(topic, p), timeout=timeout)[1])
+            for p in partitions
+        }
+    finally:
+        consumer.close()

@@ -63,6 +63,7 @@ class Pipeline:
         self.dead_letter_topic = f"freshkey.dead-letters.{tag}"
         self.model_update_topic = f"freshkey.model-updates.{tag}"
         self.hotness_topic = f"freshkey.hotness.{tag}"
+        self.app_id = f"freshkey-test-{tag}"
         self.workdir = workdir
         self.kafka = kafka
         self.redis_url = redis_url
@@ -93,7 +94,7 @@ class Pipeline:
             "FRESHKEY_REDIS_KEY_PREFIX": self.prefix,
             "FRESHKEY_BINDINGS": str(workdir / "bindings.yaml"),
             "FRESHKEY_CONNECTOR_CHECKPOINT_PATH": str(workdir / "checkpoint.json"),
-            "FRESHKEY_WORKER_APP_ID": f"freshkey-test-{tag}",
+            "FRESHKEY_WORKER_APP_ID": self.app_id,
             "FRESHKEY_WORKER_DATA_DIR": str(workdir / "worker"),
             "FRESHKEY_WORKER_WEB_PORT": str(self.web_port),
             "FRESHKEY_WORKER_SESSION_TIMEOUT_S": "6",
