@@ -23,14 +23,11 @@ import logging
 import math
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
 
 import orjson
-import redis
-import redis.asyncio as aioredis
 
-from cache_writer.hotness import parse_hits
-from cache_writer.layout import hits_stream, namespace_of
+from cache_writer.layout import parse_entry_key
+from cache_writer.tier import HitSource
 from pipeline.settings import HotnessSettings
 
 log = logging.getLogger(__name__)
@@ -96,10 +93,10 @@ def split_by_namespace(counts: dict[str, tuple[int, int]], prefix: str) -> list[
     """Counts of one client flush, split by namespace (keys of other prefixes are dropped)."""
     by_namespace: dict[str, dict[str, tuple[int, int]]] = {}
     for key, count in counts.items():
-        namespace = namespace_of(key)
-        if namespace is None or not key.startswith(f"{prefix}:{{"):
+        parsed = parse_entry_key(key)
+        if parsed is None or parsed.prefix != prefix:
             continue
-        by_namespace.setdefault(namespace, {})[key] = count
+        by_namespace.setdefault(parsed.namespace, {})[key] = count
     return [HitBatch(ns, c) for ns, c in sorted(by_namespace.items())]
 
 
@@ -110,39 +107,21 @@ Send = Callable[[bytes, bytes], Awaitable[None]]
 class HitForwarder:
     """Moves the clients' hit counts from the Redis Stream to the hotness topic (module docstring)."""
 
-    def __init__(self, client: aioredis.Redis | aioredis.RedisCluster, prefix: str, consumer: str) -> None:
-        self.client = client
+    def __init__(self, tier: HitSource, prefix: str, consumer: str) -> None:
+        self.tier = tier
         self.prefix = prefix
-        self.stream = hits_stream(prefix)
         self.consumer = consumer
-        self._group_ready = False
         self.forwarded = 0
 
-    async def _ensure_group(self) -> None:
-        if self._group_ready:
-            return
-        try:
-            await self.client.xgroup_create(self.stream, HITS_GROUP, id="0", mkstream=True)
-        except redis.ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
-        self._group_ready = True
-
     async def forward(self, send: Send, *, count: int = 100) -> int:
-        """Forward up to ``count`` stream messages; returns how many namespace batches were sent."""
-        await self._ensure_group()
-        replies: Any = await self.client.xreadgroup(
-            HITS_GROUP, self.consumer, {self.stream: ">"}, count=count, block=None
-        )
+        """Forward up to ``count`` stream messages; returns how many namespace batches were sent. The
+        messages are acknowledged once Kafka has every batch of them."""
+        messages = await self.tier.read_hits(self.prefix, HITS_GROUP, self.consumer, count=count)
         sent = 0
-        for _stream, messages in replies or []:
-            ids = []
-            for message_id, fields in messages:
-                for batch in split_by_namespace(parse_hits(fields), self.prefix):
-                    await send(batch.namespace.encode(), batch.to_json(self.prefix))
-                    sent += 1
-                ids.append(message_id)
-            if ids:
-                await self.client.xack(self.stream, HITS_GROUP, *ids)
+        for _message_id, counts in messages:
+            for batch in split_by_namespace(counts, self.prefix):
+                await send(batch.namespace.encode(), batch.to_json(self.prefix))
+                sent += 1
+        await self.tier.ack_hits(self.prefix, HITS_GROUP, [message_id for message_id, _ in messages])
         self.forwarded += sent
         return sent

@@ -94,15 +94,15 @@ class Prewarmer:
     ) -> None:
         replies = await self.l2.read_fields(keys, ("v", "k"))
         rows_wanted: dict[str, int] = {}
-        for key, (version, row) in zip(keys, replies, strict=True):
+        for key, (held_field, row_field) in zip(keys, replies, strict=True):
             if binding.semantic is not None:
-                row_text = row.decode() if row else None
+                row_text = row_field.decode() if row_field else None
             else:
                 row_text = row_of(key, self.prefix, binding.namespace)
-            if row_text is None or (binding.version_column is None and version is None):
+            if row_text is None or (binding.version_column is None and held_field is None):
                 report.skipped += 1  # no row to rebuild it from, or no version to write it with
                 continue
-            held = int(version) if version is not None else 0
+            held = int(held_field) if held_field is not None else 0
             rows_wanted[row_text] = max(rows_wanted.get(row_text, 0), held)
         if not rows_wanted:
             return

@@ -47,19 +47,24 @@ class Tiers:
         self.processor = processor
         self.cutovers = cutovers
         self.ready = asyncio.Event()
+        self._l2: RedisTier | None = None
         self._spawn = spawn
         self._on_fence = on_fence
         processor.on_primary_back = self._on_primary_back
         processor.on_outer_fenced = self._on_outer_fenced
 
     @property
-    def l2(self) -> CacheTier:
-        """The primary tier: it holds the signatures every reader checks."""
-        return self.processor.tiers[0]
+    def l2(self) -> RedisTier:
+        """The primary tier (the processor's first): it holds the signatures every reader checks, and the
+        stream of the clients' hit counts. Set once :meth:`connect` returned."""
+        if self._l2 is None:
+            raise RuntimeError("cache tiers are not connected yet")
+        return self._l2
 
     async def connect(self) -> None:
         """Connect every tier and load its scripts, retrying until each answers."""
-        tiers: list[CacheTier] = [RedisTier.from_settings(self.settings.redis)]
+        self._l2 = RedisTier.from_settings(self.settings.redis)
+        tiers: list[CacheTier] = [self._l2]
         outer = RedisTier.outer_from_settings(self.settings.redis, self.settings.l3)
         if outer is not None:
             tiers.append(outer)

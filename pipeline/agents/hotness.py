@@ -13,6 +13,7 @@ import faust
 import orjson
 from redis.exceptions import RedisError
 
+from cache_writer import TierUnavailableError
 from cache_writer.layout import namespace_prefix
 from pipeline.context import Worker
 from pipeline.cutover import CutoverRejected
@@ -99,7 +100,7 @@ def install(w: Worker) -> None:
             return
         if not forwarder:
             consumer = f"{settings.worker.app_id}@{socket.gethostname()}:{settings.worker.web_port}"
-            forwarder.append(HitForwarder(w.tiers.l2.client, prefix, consumer))
+            forwarder.append(HitForwarder(w.tiers.l2, prefix, consumer))
 
         async def send(key: bytes, value: bytes) -> None:
             future = await hotness_topic.send(key=key, value=value)
@@ -107,7 +108,7 @@ def install(w: Worker) -> None:
 
         try:
             await forwarder[0].forward(send)
-        except (RedisError, OSError) as exc:
+        except (TierUnavailableError, RedisError, OSError) as exc:
             log.debug("hit counts not forwarded this time: %r", exc)
 
     @app.page("/freshkey/hotness")

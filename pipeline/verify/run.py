@@ -7,14 +7,13 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote
 
 import pymysql
 
 from cache_writer import entry_key
-from cache_writer.entries import Entry, parse_entry, read_namespace
-from cache_writer.layout import namespace_prefix
-from cache_writer.redis.pipeline import RedisClient, run_pipeline
+from cache_writer.entries import Entry, read_entries, read_namespace
+from cache_writer.layout import row_key_values, row_of
+from cache_writer.redis.pipeline import RedisClient
 from cache_writer.signatures import read_signatures
 from connectors.database import (
     binlog_position,
@@ -43,25 +42,6 @@ from schemas import (
 )
 
 
-async def _entries(client: RedisClient, keys: Sequence[str]) -> dict[str, Entry | None]:
-    if not keys:
-        return {}
-    replies = await run_pipeline(client, [("HGETALL", key) for key in keys])
-    entries: dict[str, Entry | None] = {}
-    for key, fields in zip(keys, replies, strict=True):
-        if isinstance(fields, Exception):
-            raise fields
-        entries[key] = parse_entry(key, _as_dict(fields))
-    return entries
-
-
-def _as_dict(fields: Any) -> dict[bytes, bytes]:
-    if isinstance(fields, dict):
-        return fields
-    items = list(fields or [])
-    return dict(zip(items[::2], items[1::2], strict=True))
-
-
 @dataclass
 class _Suspect:
     """A wrong entry at the first read, waiting for the window."""
@@ -69,7 +49,8 @@ class _Suspect:
     report: VerifyReport
     binding: Binding
     key_columns: tuple[str, ...]
-    client: RedisClient
+    redis: RedisClient
+    """The tier it was read from."""
     key: str
     ref: str
     """The row key (``schemas.row_key``) of the row it is about."""
@@ -183,7 +164,7 @@ async def run_verification(
         for tier_name, client in tiers:
             report = VerifyReport(binding.namespace, tier=tier_name, rows=len(rows), rule=rule)
             report.versions_checked = binding.version_column is not None
-            entries = await _entries(client, list(by_key))
+            entries = await read_entries(client, list(by_key))
             if full:
                 extra = await read_namespace(client, prefix, binding.namespace)
                 for key, found in extra.items():
@@ -211,8 +192,8 @@ async def run_verification(
                     values = [row[c] for c in key_columns]
                     ref = row_key(values)
                 else:
-                    ref = key[len(namespace_prefix(prefix, binding.namespace)) :]
-                    values = [unquote(part) for part in ref.split("/")]
+                    ref = row_of(key, prefix, binding.namespace) or ""
+                    values = row_key_values(ref)
                     if len(values) != len(key_columns):
                         report.checked -= 1
                         report.unverifiable_keys += 1
@@ -246,10 +227,10 @@ async def _recheck(
     """
     by_client: dict[int, tuple[RedisClient, list[str]]] = {}
     for suspect in suspects:
-        by_client.setdefault(id(suspect.client), (suspect.client, []))[1].append(suspect.key)
+        by_client.setdefault(id(suspect.redis), (suspect.redis, []))[1].append(suspect.key)
     entries_now: dict[tuple[int, str], Entry | None] = {}
     for client_id, (client, keys) in by_client.items():
-        for key, entry in (await _entries(client, list(dict.fromkeys(keys)))).items():
+        for key, entry in (await read_entries(client, keys)).items():
             entries_now[(client_id, key)] = entry
     by_binding: dict[str, list[_Suspect]] = {}
     for suspect in suspects:
@@ -275,7 +256,7 @@ async def _recheck(
             report.checked -= 1
             report.unverifiable_keys += 1
             continue
-        entry = entries_now[(id(suspect.client), suspect.key)]
+        entry = entries_now[(id(suspect.redis), suspect.key)]
         state = signatures.get(binding.namespace)
         if entry is not None and (entry.signature or "") != (state.active_signature if state else ""):
             entry = None

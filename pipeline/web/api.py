@@ -36,7 +36,7 @@ def install_api(w: Worker) -> None:
         """The latest ``freshkey verify`` result (it stores it in Redis), 404 before the first run."""
         if not w.tiers.ready.is_set():
             return web.json({"error": "tiers not ready"}, status=503)
-        raw = await w.tiers.l2.client.get(latest_verification_key(w.settings.redis.key_prefix))
+        raw = await w.tiers.l2.get(latest_verification_key(w.settings.redis.key_prefix))
         if raw is None:
             return web.json({"error": "no verification yet"}, status=404)
         return web.bytes(raw, content_type="application/json")
