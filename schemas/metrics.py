@@ -26,10 +26,13 @@ SLA_VIOLATIONS = "freshkey.sla.violations"
 SLA_VIOLATED = "freshkey.sla.violated"
 SLA_LAG_P99 = "freshkey.sla.lag.p99"
 SLA_WINDOW_RATIO = "freshkey.sla.window.ratio"
+# The connector's (connectors.metrics)
 CONNECTOR_ACK_LATENCY = "freshkey.connector.ack.latency"
-"""Recorded by ``connectors.runner`` (which cannot import this module: the name is repeated there)."""
 CONNECTOR_CHECKPOINT_AGE = "freshkey.connector.checkpoint.age"
-"""Observed by ``connectors.runner``."""
+CONNECTOR_CONNECTED = "freshkey.connector.connected"
+CONNECTOR_RETRIES = "freshkey.connector.retries"
+CONNECTOR_OVERSIZE = "freshkey.connector.oversize"
+CONNECTOR_GAPS = "freshkey.connector.gaps"
 
 # -- attribute keys ----------------------------------------------------------------------------------
 ATTR_NAMESPACE = "namespace"
@@ -42,6 +45,8 @@ ATTR_TARGET = "target"
 ATTR_TOPIC = "messaging.destination.name"
 """OpenTelemetry messaging semantic conventions (Prometheus label ``messaging_destination_name``)."""
 ATTR_PARTITION = "messaging.destination.partition.id"
+ATTR_CAUSE = "cause"
+"""What a connector retry was about: ``database``, ``kafka``, ``fence``, ``gap``."""
 
 LAG_BUCKETS_MS: tuple[float, ...] = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 1500, 2000, 5000, 10000)
 """Lag buckets: the SLA thresholds (200 ms, 1.5 s) are bucket bounds, so Prometheus can count exactly."""
