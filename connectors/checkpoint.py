@@ -13,8 +13,9 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -174,3 +175,63 @@ class CheckpointTracker:
     def committed(self) -> BinlogPosition:
         with self._lock:
             return self._committed
+
+
+class CheckpointSaver:
+    """Saves a session's checkpoint whenever it moves, from a background thread.
+
+    Each save records the tracker's committed position with, for ``change_topic``, partition -> the
+    offset after the newest event Kafka acknowledged (``acked_ends()``, merged into the ends the session
+    started with: an end never goes down). :meth:`stop` saves a last time, so that a session that ends
+    leaves the newest acknowledged position on disk.
+    """
+
+    SAVE_EVERY_S = 0.1
+
+    def __init__(
+        self,
+        store: CheckpointStore,
+        tracker: CheckpointTracker,
+        *,
+        change_topic: str,
+        topic_ends: Mapping[int, int],
+        acked_ends: Callable[[], Mapping[int, int]],
+    ) -> None:
+        self._store = store
+        self._tracker = tracker
+        self._topic = change_topic
+        self._ends = dict(topic_ends)
+        self._acked_ends = acked_ends
+        self._saved = (time.monotonic(), tracker.committed)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="checkpoint-saver", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.SAVE_EVERY_S):
+            moved = self._tracker.take_if_moved()
+            if moved is not None:
+                self._save(moved)
+
+    def _save(self, position: BinlogPosition) -> None:
+        self._ends.update({p: end for p, end in self._acked_ends().items() if end > self._ends.get(p, 0)})
+        self._store.save(position, change_topic=self._topic, topic_ends=self._ends)
+        self._saved = (time.monotonic(), position)
+
+    def age(self) -> float:
+        """Seconds since the saved checkpoint last moved; 0 while no read event waits for it."""
+        saved_at, position = self._saved
+        if self._tracker.outstanding == 0 and position == self._tracker.committed:
+            return 0.0
+        return time.monotonic() - saved_at
+
+    def stop(self) -> None:
+        """Stop the thread, then save once more if the checkpoint moved or Kafka acknowledged events."""
+        self._stop.set()
+        if self._thread.ident is not None:
+            self._thread.join(timeout=2)
+        moved = self._tracker.take_if_moved()
+        if moved is not None or self._acked_ends():
+            self._save(moved if moved is not None else self._tracker.committed)

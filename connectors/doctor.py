@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pymysql
 
-from connectors.binlog import ACCEPT_GAP_HINT, position_problem
+from connectors.binlog.positions import ACCEPT_GAP_HINT, position_problem
 from connectors.checkpoint import BinlogPosition, CheckpointError, CheckpointStore
 from connectors.exceptions import ConfigurationError, DatabaseUnavailableError, retry_cause
 from connectors.settings import MySQLSettings
@@ -116,8 +116,8 @@ def run_checks(settings: MySQLSettings) -> tuple[ServerInfo, list[Check]]:
                 if info.server_id == 0
                 else "set FRESHKEY_MYSQL_SERVER_ID to an id no server or replica uses",
             ),
-            _compression_check(flavor, var),
-            *_privilege_checks(grants, settings.user),
+            compression_check(flavor, var),
+            *privilege_checks(grants, settings.user),
         ]
         return info, checks
     finally:
@@ -128,7 +128,9 @@ def _equals(name: str, found: str, want: str, fix: str) -> Check:
     return Check(name, found.upper() == want, found, want, fix)
 
 
-def _compression_check(flavor: str, var: dict[str, str]) -> Check:
+def compression_check(flavor: str, var: dict[str, str]) -> Check:
+    """Binlog compression off (``log_bin_compress`` on MariaDB, ``binlog_transaction_compression`` on
+    MySQL), from the server's global variables: the binlog reader cannot decode compressed events."""
     name = "log_bin_compress" if flavor == "mariadb" else "binlog_transaction_compression"
     found = var.get(name, "OFF")
     return Check(
@@ -153,7 +155,7 @@ _REPLICATION_CLIENT = ("REPLICATION CLIENT", "BINLOG MONITOR", "SUPER")
 _GLOBAL_GRANT = re.compile(r"^GRANT (.+?) ON \*\.\* TO ", re.IGNORECASE)
 
 
-def _privilege_checks(grant_rows: Sequence[str], user: str) -> list[Check]:
+def privilege_checks(grant_rows: Sequence[str], user: str) -> list[Check]:
     """Global privileges from SHOW GRANTS rows (one statement each), compared as whole names.
 
     Privileges reached through a role are not followed: grant them to the user directly.

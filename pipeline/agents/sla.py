@@ -8,7 +8,7 @@ import logging
 from typing import Any
 
 from connectors.exceptions import ConfigurationError
-from connectors.topics import ensure_topics
+from connectors.kafka.topics import ensure_topics
 from pipeline.context import Worker
 from pipeline.observe.sla import SlaViolation
 

@@ -132,8 +132,8 @@ def publish(
     json_path: Annotated[Path | None, typer.Option("--json", help="Also write the update here.")] = None,
 ) -> None:
     """Publish one model update to the model-update topic and wait until Kafka has it."""
-    from connectors.producer import ChangeProducer
-    from connectors.topics import ensure_topics
+    from connectors.kafka.producer import ChangeProducer
+    from connectors.kafka.topics import ensure_topics
 
     kafka = load_settings(KafkaSettings, env_file)
     update, warnings = build_update(

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from connectors.exceptions import ConnectorError
-from connectors.topics import ensure_topics
+from connectors.kafka.topics import ensure_topics
 from pipeline.config import AllSettings, load_bindings
 
 

@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from connectors.checkpoint import BinlogPosition, CheckpointStore, CheckpointTracker
+from connectors.checkpoint import (
+    BinlogPosition,
+    CheckpointError,
+    CheckpointSaver,
+    CheckpointState,
+    CheckpointStore,
+    CheckpointTracker,
+)
+from connectors.exceptions import ConfigurationError
 
 START = BinlogPosition("binlog.000001", 4)
 
@@ -266,3 +275,65 @@ def test_store_wrong_shape_names_the_file(tmp_path: Path, content: str) -> None:
     with pytest.raises(ValueError, match="unreadable") as info:
         CheckpointStore(path).load()
     assert str(path) in str(info.value)
+
+
+def test_checkpoint_state_round_trip(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path / "checkpoint.json")
+    position = BinlogPosition("binlog.000002", 400, "0-1-9")
+    store.save(
+        position, change_topic="freshkey.changes", topic_ends={2: 17, 0: 5}, pending_gap="broker lost it"
+    )
+    assert store.load() == position
+    assert store.load_state() == CheckpointState(
+        position, "freshkey.changes", {0: 5, 2: 17}, "broker lost it"
+    )
+    store.save(position)
+    assert store.load_state() == CheckpointState(position)
+
+
+def test_unreadable_checkpoint_is_a_configuration_error_naming_accept_gap(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    path.write_text('{"file": "binlog.000001", "pos": 4, "topic_ends": {"x": 1}}')
+    with pytest.raises(CheckpointError, match="accept-gap") as info:
+        CheckpointStore(path).load_state()
+    assert isinstance(info.value, ConfigurationError) and isinstance(info.value, ValueError)
+
+
+# --- saver -------------------------------------------------------------------------------------------------
+
+
+def test_saver_saves_only_acknowledged_boundaries_with_the_topic_ends(tmp_path: Path) -> None:
+    """The thread saves the committed position as it moves; stop() saves the last one, with the newest
+    acknowledged offsets merged into the ends the session started with (an end never goes down)."""
+    store = CheckpointStore(tmp_path / "checkpoint.json")
+    tracker = CheckpointTracker(START)
+    acked: dict[int, int] = {}
+    saver = CheckpointSaver(
+        store, tracker, change_topic="changes", topic_ends={0: 7, 1: 3}, acked_ends=lambda: dict(acked)
+    )
+    saver.start()
+    first, second = BinlogPosition("binlog.000001", 200), BinlogPosition("binlog.000001", 300)
+    a = tracker.produced()
+    tracker.boundary(first)
+    b = tracker.produced()
+    tracker.boundary(second)
+    acked.update({0: 2, 1: 9})  # Kafka's acknowledgement: the offsets first, then the event retired
+    tracker.acknowledged(a)
+    deadline = time.monotonic() + 5
+    while store.load() != first and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert store.load_state() == CheckpointState(first, "changes", {0: 7, 1: 9})
+    assert saver.age() > 0, "an event still waits for Kafka"
+    tracker.acknowledged(b)
+    saver.stop()
+    assert store.load_state() == CheckpointState(second, "changes", {0: 7, 1: 9})
+    assert saver.age() == 0.0
+
+
+def test_saver_writes_nothing_when_nothing_moved_or_was_acknowledged(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path / "checkpoint.json")
+    saver = CheckpointSaver(
+        store, CheckpointTracker(START), change_topic="changes", topic_ends={}, acked_ends=dict
+    )
+    saver.stop()  # never started: a session that failed before reading
+    assert store.load() is None

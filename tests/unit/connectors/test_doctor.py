@@ -8,10 +8,10 @@ import pytest
 
 from connectors.doctor import (
     CHECKPOINT_CHECK,
-    _compression_check,
-    _privilege_checks,
     checkpoint_check,
     checkpoint_check_from,
+    compression_check,
+    privilege_checks,
 )
 from connectors.settings import MySQLSettings
 
@@ -22,7 +22,7 @@ NAMES = ["privilege REPLICATION SLAVE", "privilege REPLICATION CLIENT", "privile
 
 def checks(*grant_rows: str) -> dict[str, bool]:
     # _grants() joins the rows of SHOW GRANTS with spaces and upper-cases them.
-    result = _privilege_checks(list(grant_rows), USER)
+    result = privilege_checks(list(grant_rows), USER)
     assert [c.name for c in result] == NAMES
     for check in result:
         assert check.fix == GRANT_FIX
@@ -74,15 +74,15 @@ def test_missing_grants_fail_with_the_grant_statement_as_fix(
 
 
 def test_found_text_shows_global_privileges() -> None:
-    result = _privilege_checks(["GRANT SELECT ON `SHOP`.* TO `FRESHKEY`@`%`"], USER)
+    result = privilege_checks(["GRANT SELECT ON `SHOP`.* TO `FRESHKEY`@`%`"], USER)
     assert {c.found for c in result} == {"(no global privileges)"}
-    result = _privilege_checks(["GRANT SELECT, REPLICATION SLAVE ON *.* TO `FRESHKEY`@`%`"], USER)
+    result = privilege_checks(["GRANT SELECT, REPLICATION SLAVE ON *.* TO `FRESHKEY`@`%`"], USER)
     assert {c.found for c in result} == {"REPLICATION SLAVE, SELECT"}
     assert {c.want for c in result} == {"granted", "granted on *.*"}
 
 
 def test_fix_names_the_user() -> None:
-    result = _privilege_checks("", "app_reader")
+    result = privilege_checks("", "app_reader")
     assert all(not c.ok for c in result)
     assert all(
         c.fix == "GRANT SELECT, REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO 'app_reader'@'%'"
@@ -123,7 +123,7 @@ def test_replication_slave_admin_is_not_replication_slave() -> None:
     ],
 )
 def test_compression_check(flavor: str, variables: dict[str, str], ok: bool, name: str) -> None:
-    check = _compression_check(flavor, variables)
+    check = compression_check(flavor, variables)
     assert check.name == "binlog compression"
     assert check.ok is ok
     assert check.found == f"{name}={variables.get(name, 'OFF')}"

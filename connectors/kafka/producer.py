@@ -32,8 +32,8 @@ from connectors.exceptions import (
     KafkaUnavailableError,
     kafka_error_code,
 )
+from connectors.kafka.librdkafka import LIBRDKAFKA_LOGGER
 from connectors.settings import KafkaSettings
-from connectors.topics import LIBRDKAFKA_LOGGER
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ class ChangeProducer:
                 "queue.buffering.max.messages": 1_000_000,
                 "message.max.bytes": settings.max_message_bytes,
                 "allow.auto.create.topics": False,
-                "error_cb": self._on_error,
+                "error_cb": self.on_client_error,
                 "logger": LIBRDKAFKA_LOGGER,
             }
         )
@@ -135,8 +135,9 @@ class ChangeProducer:
             self._failure = failure
             log.debug("%s", failure)
 
-    def _on_error(self, err: KafkaError) -> None:
-        """librdkafka's error callback (poll thread): fatal errors, brokers down, authentication."""
+    def on_client_error(self, err: KafkaError) -> None:
+        """librdkafka's error callback (``error_cb``, poll thread): fatal errors, brokers down,
+        authentication. Keeps the failure that ends the session, or logs what is no failure."""
         self._last_error = err.str()
         code = err.code()
         if code in KAFKA_CONFIGURATION_CODES:
@@ -174,8 +175,9 @@ class ChangeProducer:
     def on_delivery_error(
         self, err: KafkaError, topic: str, size: int, on_too_large: OnTooLarge | None
     ) -> None:
-        """What a failed delivery report does (poll thread); public for the tests, which cannot make a
-        broker refuse a size."""
+        """What a failed delivery report does (poll thread): a message the broker refused as too large
+        lowers the limit and queues its stand-in (``on_too_large``); a purge is nothing (the session is
+        over); anything else is kept as the failure that ends the session."""
         code = err.code()
         if code in _PURGED:
             return  # purged by close(purge=True): the session is over already

@@ -15,21 +15,10 @@ from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec  # type: ignore[attr-defined]
 
 from connectors.exceptions import ConfigurationError, KafkaUnavailableError, retry_cause
+from connectors.kafka.librdkafka import LIBRDKAFKA_LOGGER
 from connectors.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
-
-
-class _QuietLibrdkafka(logging.LoggerAdapter[logging.Logger]):
-    """librdkafka's own log lines at DEBUG: while a broker is away it repeats "Connect to ... failed"
-    every second; freshkey says so itself, once per attempt, with what it does next."""
-
-    def log(self, level: int, msg: object, *args: object, **kwargs: object) -> None:
-        super().log(logging.DEBUG, msg, *args, **kwargs)  # type: ignore[arg-type]
-
-
-LIBRDKAFKA_LOGGER = _QuietLibrdkafka(logging.getLogger("connectors.librdkafka"), {})
-"""Passed as ``logger`` to every librdkafka client of the connectors (a duck-typed ``log`` method)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,247 @@
+"""The binlog source: row events of the bound tables as change events, in binlog order.
+
+Reads with pymysqlreplication from a transaction boundary (file/position), and yields, in order:
+:class:`ChangeEvent` per row, :class:`DdlEvent` per schema change that may touch a bound table (run in a
+bound database, or naming a bound ``db.table`` from anywhere), :class:`DeadLetter` for rows it cannot
+turn into events (a table without a primary key), a :class:`Boundary` after every committed
+transaction, which is where a checkpoint may point, and a :class:`Tick` whenever the server shows it is
+alive without a change (the stream's start, a heartbeat about every second while idle), so that the
+reader can check its other connections while the database is quiet.
+
+This module does the I/O (the replication connection, the column types from information_schema); what
+an event becomes is decided in :mod:`connectors.binlog.translate`. A position the server cannot serve
+any more (its file purged, error 1236) raises :class:`~connectors.exceptions.BinlogGapError`
+(:mod:`connectors.binlog.positions`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pymysql
+from pymysqlreplication import BinLogStreamReader
+from pymysqlreplication.event import (
+    GtidEvent,
+    HeartbeatLogEvent,
+    MariadbGtidEvent,
+    QueryEvent,
+    RotateEvent,
+    XidEvent,
+)
+from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
+
+from connectors.binlog.positions import ER_MASTER_FATAL_ERROR_READING_BINLOG, binary_logs, refusal_error
+from connectors.binlog.translate import (
+    EventOrigin,
+    RowsEvent,
+    RowsKind,
+    VersionSource,
+    mentioned_databases,
+    statement_kind,
+    translate_ddl,
+    translate_rows,
+)
+from connectors.checkpoint import BinlogPosition
+from connectors.database import column_types
+from connectors.settings import MySQLSettings
+from schemas import ChangeEvent, DdlEvent, DeadLetter
+from schemas.values import ColumnType, binlog_column_types
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Boundary:
+    """The end of a committed transaction: resuming here replays nothing partial."""
+
+    position: BinlogPosition
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """The server is alive and the stream connected; nothing to produce."""
+
+
+SourceItem = ChangeEvent | DdlEvent | DeadLetter | Boundary | Tick
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class BinlogSource:
+    """Iterates the binlog from ``start``; blocks waiting for new events (``blocking=True``).
+
+    ``read_timeout_s``: a connection that brings nothing (not even the server's heartbeat, sent every
+    second while idle) for this long is taken as lost (pymysql then raises error 2013).
+    ``checkpoint``: only named in the error raised when the server cannot serve ``start``.
+    """
+
+    def __init__(
+        self,
+        settings: MySQLSettings,
+        tables: Collection[tuple[str, str]],
+        *,
+        start: BinlogPosition,
+        version_source: VersionSource = "binlog",
+        blocking: bool = True,
+        read_timeout_s: float | None = None,
+        checkpoint: Path | None = None,
+    ) -> None:
+        self._settings = settings
+        self._tables = {(db, table) for db, table in tables}
+        self._databases = {db for db, _ in self._tables}
+        self._start = start
+        self._version_source: VersionSource = version_source
+        self._blocking = blocking
+        self._read_timeout_s = read_timeout_s
+        self._checkpoint = checkpoint
+        self._stream: BinLogStreamReader | None = None
+        # Column types per table (schemas.values): the table map's, refined from information_schema for
+        # what it cannot name (MariaDB JSON, UUID, INET); refreshed after DDL on the table's database.
+        self._refine: dict[tuple[str, str], dict[str, ColumnType]] = {}
+        self._types: dict[tuple[str, str], tuple[object, dict[str, ColumnType]]] = {}
+
+    def _open(self) -> BinLogStreamReader:
+        connection = settings = self._settings.connection_kwargs()
+        if self._read_timeout_s is not None:
+            connection = {**settings, "read_timeout": max(1, round(self._read_timeout_s))}
+        return BinLogStreamReader(
+            connection_settings=connection,
+            ctl_connection_settings=connection,
+            server_id=self._settings.server_id,
+            resume_stream=True,
+            log_file=self._start.file,
+            log_pos=self._start.pos,
+            blocking=self._blocking,
+            only_events=[
+                WriteRowsEvent,
+                UpdateRowsEvent,
+                DeleteRowsEvent,
+                XidEvent,
+                QueryEvent,
+                RotateEvent,
+                GtidEvent,
+                MariadbGtidEvent,
+                HeartbeatLogEvent,
+            ],
+            only_schemas=sorted(self._databases),
+            only_tables=sorted({t for _, t in self._tables}),
+            slave_heartbeat=1.0,
+            enable_logging=False,
+        )
+
+    def __iter__(self) -> Iterator[SourceItem]:
+        stream = self._stream = self._open()
+        try:
+            yield from self._read(stream)
+        except pymysql.err.OperationalError as exc:
+            if exc.args and exc.args[0] == ER_MASTER_FATAL_ERROR_READING_BINLOG:
+                at = BinlogPosition(stream.log_file or self._start.file, stream.log_pos or self._start.pos)
+                raise refusal_error(
+                    at,
+                    str(exc.args[-1]),
+                    server_id=self._settings.server_id,
+                    list_logs=lambda: binary_logs(self._settings),
+                    checkpoint=self._checkpoint,
+                ) from None
+            raise
+
+    def _read(self, stream: BinLogStreamReader) -> Iterator[SourceItem]:
+        gtid: str | None = self._start.gtid
+        ordinal = 0  # rows so far in the current transaction (GTID versions)
+        for event in stream:
+            if isinstance(event, GtidEvent | MariadbGtidEvent):
+                gtid, ordinal = event.gtid, 0
+            elif isinstance(event, XidEvent):
+                yield Boundary(BinlogPosition(stream.log_file, stream.log_pos, gtid))
+            elif isinstance(event, HeartbeatLogEvent | RotateEvent):
+                yield Tick()
+            elif isinstance(event, QueryEvent):
+                query = event.query.strip() if isinstance(event.query, str) else str(event.query)
+                kind = statement_kind(query)
+                if kind != "ddl":
+                    if kind == "commit":
+                        yield Boundary(BinlogPosition(stream.log_file, stream.log_pos, gtid))
+                    continue
+                schema = _text(event.schema)
+                self._forget_types(schema, query)
+                origin = self._origin(event, stream.log_file, gtid)
+                yield from translate_ddl(query, schema, origin, self._tables, read_ms=_now_ms())
+                # a DDL statement commits implicitly
+                yield Boundary(BinlogPosition(stream.log_file, stream.log_pos, gtid))
+            elif isinstance(event, WriteRowsEvent | UpdateRowsEvent | DeleteRowsEvent):
+                if (event.schema, event.table) not in self._tables:
+                    continue
+                rows = self._rows_event(event, stream.log_file, gtid)
+                yield from translate_rows(
+                    rows, version_source=self._version_source, first_ordinal=ordinal, read_ms=_now_ms()
+                )
+                ordinal += len(rows.rows)
+
+    def _origin(self, event: Any, file: str, gtid: str | None) -> EventOrigin:
+        return EventOrigin(
+            server_id=int(event.packet.server_id),
+            file=file,
+            end_pos=int(event.packet.log_pos),
+            timestamp_s=int(event.timestamp),
+            gtid=gtid,
+        )
+
+    def _rows_event(self, event: Any, file: str, gtid: str | None) -> RowsEvent:
+        """The fields of a pymysqlreplication rows event that :func:`translate_rows` needs."""
+        kind: RowsKind = (
+            "update"
+            if isinstance(event, UpdateRowsEvent)
+            else "write"
+            if isinstance(event, WriteRowsEvent)
+            else "delete"
+        )
+        pk = event.primary_key
+        return RowsEvent(
+            kind=kind,
+            schema=str(event.schema),
+            table=str(event.table),
+            primary_key=(pk,) if isinstance(pk, str) and pk else tuple(pk or ()),
+            rows=event.rows,
+            column_types=self._column_types(event),
+            origin=self._origin(event, file, gtid),
+        )
+
+    def _column_types(self, event: Any) -> dict[str, ColumnType]:
+        """The column types of a rows event's table (computed once per table map)."""
+        table = (str(event.schema), str(event.table))
+        cached = self._types.get(table)
+        if cached is not None and cached[0] is event.columns:
+            return cached[1]
+        refine = self._refine.get(table)
+        if refine is None:
+            refine = self._refine[table] = column_types(self._settings, *table)
+        types = binlog_column_types(event.columns, refine)
+        self._types[table] = (event.columns, types)
+        return types
+
+    def _forget_types(self, schema: str, query: str) -> None:
+        """After DDL, read information_schema again for the tables it may concern."""
+        named = mentioned_databases(query, self._refine.keys())
+        for table in [t for t in self._refine if t[0] == schema or t[0] in named]:
+            del self._refine[table]
+            self._types.pop(table, None)
+
+    def close(self) -> None:
+        """Close the binlog connections; never raises (a server that died leaves dead sockets)."""
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            try:
+                stream.close()
+            except Exception as exc:  # a dead socket: the session is ending anyway
+                log.debug("closing the binlog stream: %r", exc)

@@ -1,0 +1,287 @@
+"""From binlog events to what freshkey produces: pure functions, no I/O, no driver objects.
+
+:func:`translate_rows` turns the fields of one rows event (:class:`RowsEvent`: table, primary key, the
+row images as the binlog reader returns them, the column types, where and when it was written) into
+:class:`ChangeEvent`\\ s, one per row, or a :class:`DeadLetter` for a row that cannot be one. What it
+guarantees:
+
+- every value is mapped by its column's type (:mod:`schemas.values`), exactly like a direct read;
+- a change of the primary key is a delete of the old row then a create of the new one (the old key's
+  entries must go, the new key's be written);
+- versions only go forward (:mod:`schemas.versions`): from the binlog coordinates (file, end position,
+  row index) or from the GTID and the row's ordinal inside its transaction;
+- a row that cannot be a valid change (no primary key, a value that is no form of its type, a version
+  out of range) is a dead letter with the reason, never an exception: no row stops the connector.
+
+:func:`translate_ddl` turns a schema change into :class:`DdlEvent`\\ s for each bound database it may
+touch: the database it ran in, and every bound ``db.table`` (or bound ``DATABASE db``) it names from
+anywhere (:func:`mentioned_databases`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from connectors.exceptions import ConfigurationError
+from schemas import ChangeEvent, DdlEvent, DeadLetter, Source, VersionError, binlog_version, gtid_version
+from schemas.codec import dead_letter
+from schemas.events import Op, Row
+from schemas.values import ColumnType, binlog_row_to_json
+
+VersionSource = Literal["binlog", "gtid"]
+"""How change versions are computed (``FRESHKEY_CONNECTOR_VERSION_SOURCE``, see schemas.versions)."""
+
+RowsKind = Literal["write", "update", "delete"]
+"""The three rows events: WRITE_ROWS (inserts), UPDATE_ROWS, DELETE_ROWS."""
+
+StatementKind = Literal["commit", "control", "ddl"]
+"""What a query event is: a COMMIT (a transaction boundary), another transaction-control statement
+(BEGIN, ROLLBACK, XA, SAVEPOINT: nothing to do), or a schema change (every other statement a row-based
+binlog carries as a query)."""
+
+_CONTROL = ("BEGIN", "COMMIT", "ROLLBACK", "XA ", "SAVEPOINT")
+
+
+@dataclass(frozen=True, slots=True)
+class EventOrigin:
+    """Where and when a binlog event was written: the header fields every event carries."""
+
+    server_id: int
+    file: str
+    end_pos: int
+    """End position of the event in ``file`` (the event header's ``log_pos``)."""
+    timestamp_s: int
+    """The event header's timestamp: the commit time, to the second."""
+    gtid: str | None = None
+    """The GTID of the transaction the event belongs to, where the server has GTIDs."""
+
+    def source(self, db: str, table: str, row: int = 0) -> Source:
+        """The :class:`Source` of a change (row ``row`` of the event) or DDL event of ``db.table``."""
+        return Source(
+            server_id=self.server_id,
+            file=self.file,
+            pos=self.end_pos,
+            row=row,
+            gtid=self.gtid,
+            ts_ms=self.timestamp_s * 1000,
+            db=db,
+            table=table,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RowsEvent:
+    """The fields of one rows event that a change needs.
+
+    ``rows`` come in the shape the binlog reader (pymysqlreplication) gives them: ``{"values": ...,
+    "none_sources": ...}`` for writes and deletes, ``{"before_values": ..., "after_values": ...,
+    "before_none_sources": ..., "after_none_sources": ...}`` for updates, each image a column -> value
+    mapping, each ``none_sources`` the reader's reason for a None (``schemas.values.binlog_value``).
+    ``column_types``: the table map's types (refined from information_schema); ``primary_key``: its
+    columns in order, empty when the table has none.
+    """
+
+    kind: RowsKind
+    schema: str
+    table: str
+    primary_key: tuple[str, ...]
+    rows: Sequence[Mapping[str, Any]]
+    column_types: Mapping[str, ColumnType]
+    origin: EventOrigin
+
+
+def translate_rows(
+    event: RowsEvent, *, version_source: VersionSource, first_ordinal: int, read_ms: int
+) -> Iterator[ChangeEvent | DeadLetter]:
+    """The changes of every row of ``event``, in order; a dead letter for each row that is none.
+
+    ``first_ordinal``: the ordinal of the event's first row inside its transaction (rows of earlier
+    rows events of the same transaction come before it); row ``i`` has ordinal ``first_ordinal + i``.
+    ``read_ms``: when the connector read the event (the changes' ``ts_ms``).
+    Raises :class:`ConfigurationError` for ``version_source="gtid"`` on a binlog without GTIDs.
+    """
+    for index, row in enumerate(event.rows):
+        try:
+            yield from _row_changes(
+                event,
+                index,
+                row,
+                version_source=version_source,
+                ordinal=first_ordinal + index,
+                read_ms=read_ms,
+            )
+        except (ValidationError, VersionError, TypeError) as exc:
+            yield dead_letter(
+                f"row of {event.schema}.{event.table} is not a valid change: {exc}",
+                json.dumps(row, default=str).encode(),
+                stage="connector",
+            )
+
+
+def _images(event: RowsEvent, row: Mapping[str, Any]) -> tuple[Row | None, Row | None]:
+    """The row's before and after images in JSON form (``schemas.values``, per column type)."""
+    types = event.column_types
+    if event.kind == "update":
+        before = binlog_row_to_json(row["before_values"], types, row.get("before_none_sources"))
+        after = binlog_row_to_json(row["after_values"], types, row.get("after_none_sources"))
+        return before, after
+    image = binlog_row_to_json(row["values"], types, row.get("none_sources"))
+    return (None, image) if event.kind == "write" else (image, None)
+
+
+def _row_changes(
+    event: RowsEvent,
+    index: int,
+    row: Mapping[str, Any],
+    *,
+    version_source: VersionSource,
+    ordinal: int,
+    read_ms: int,
+) -> Iterator[ChangeEvent | DeadLetter]:
+    """The change(s) of one row. A generator on purpose: when the create half of a key change fails
+    validation, the delete half (which drops the old key's entries) has gone out already."""
+    origin = event.origin
+    source = origin.source(event.schema, event.table, index)
+    before, after = _images(event, row)
+    pk_columns = event.primary_key
+    if not pk_columns:
+        yield dead_letter(
+            f"table {event.schema}.{event.table} has no primary key; freshkey needs one to address rows",
+            json.dumps({"before": before, "after": after}, default=str).encode(),
+            stage="connector",
+        )
+        return
+    if version_source == "gtid":
+        if origin.gtid is None:
+            raise ConfigurationError("FRESHKEY_CONNECTOR_VERSION_SOURCE=gtid but the binlog has no GTIDs")
+        version = gtid_version(origin.gtid, ordinal)
+    else:
+        version = binlog_version(origin.file, origin.end_pos, index)
+    base_id = f"{origin.server_id}:{origin.file}:{origin.end_pos}:{index}"
+
+    def change(suffix: str, op: Op, image_before: Row | None, image_after: Row | None) -> ChangeEvent:
+        image = image_after if image_after is not None else image_before
+        assert image is not None
+        # A key value of another type than int/str fails validation -> dead letter.
+        key: dict[str, Any] = {c: image[c] for c in pk_columns}
+        return ChangeEvent(
+            event_id=base_id + suffix,
+            op=op,
+            key=key,
+            before=image_before,
+            after=image_after,
+            source=source,
+            ts_ms=read_ms,
+            version=version,
+            commit_ts_us=source.ts_ms * 1000,
+            commit_ts_coarse=True,
+        )
+
+    if before is not None and after is not None:
+        if any(before[c] != after[c] for c in pk_columns):
+            # The primary key changed: the old row is gone, a new row exists.
+            yield change(":d", "d", before, None)
+            yield change(":c", "c", None, after)
+        else:
+            yield change("", "u", before, after)
+    elif after is not None:
+        yield change("", "c", None, after)
+    else:
+        yield change("", "d", before, None)
+
+
+# -- schema changes ------------------------------------------------------------------------------------
+
+
+def statement_kind(query: str) -> StatementKind:
+    """Whether a query event of a row-based binlog is a COMMIT, other transaction control, or DDL."""
+    upper = query.strip().upper()
+    if upper == "COMMIT":
+        return "commit"
+    if upper.startswith(_CONTROL):
+        return "control"
+    return "ddl"
+
+
+def translate_ddl(
+    query: str, schema: str, origin: EventOrigin, tables: Collection[tuple[str, str]], *, read_ms: int
+) -> list[DdlEvent]:
+    """The DDL events of a schema change run in database ``schema``: one for ``schema`` when it is a
+    bound database, and one for every other bound database whose tables (or itself) it names (the table
+    when it names exactly one, ``*`` otherwise). Empty when it touches no bound table."""
+    databases = {db for db, _ in tables}
+    events: list[DdlEvent] = []
+    if schema in databases:
+        events.append(_ddl(origin, schema, "*", query, read_ms))
+    for db, named in sorted(mentioned_databases(query, tables).items()):
+        if db != schema:  # run from another database, naming a bound table
+            table = next(iter(named)) if len(named) == 1 else "*"
+            events.append(_ddl(origin, db, table, query, read_ms, suffix=f":{db}"))
+    return events
+
+
+def _ddl(origin: EventOrigin, db: str, table: str, query: str, read_ms: int, *, suffix: str = "") -> DdlEvent:
+    source = origin.source(db, table)
+    return DdlEvent(
+        event_id=f"{source.server_id}:{origin.file}:{source.pos}:ddl{suffix}",
+        source=source,
+        query=query,
+        ts_ms=read_ms,
+    )
+
+
+_IDENTIFIER = re.compile(r'`((?:[^`]|``)+)`|"((?:[^"]|"")+)"|([\w$]+)')
+_DATABASE_WORD = re.compile(r"(?:DATABASE|SCHEMA)(?:\s+IF(?:\s+NOT)?\s+EXISTS)?\s*$", re.IGNORECASE)
+
+
+def _identifiers(query: str) -> list[tuple[int, int, str]]:
+    """(start, end, name) of every identifier-like token: quoted names unescaped, bare words as is."""
+    found = []
+    for match in _IDENTIFIER.finditer(query):
+        backticked, quoted, bare = match.groups()
+        name = (
+            backticked.replace("``", "`")
+            if backticked is not None
+            else quoted.replace('""', '"')
+            if quoted is not None
+            else bare
+        )
+        found.append((match.start(), match.end(), name))
+    return found
+
+
+def mentioned_databases(query: str, tables: Collection[tuple[str, str]]) -> dict[str, set[str]]:
+    """Bound databases a statement names, each with the bound tables of it named as ``db.table``.
+
+    Case-insensitive, with or without backticks (or ANSI double quotes), spaces allowed around the dot;
+    a quoted name holding a dot (```shop.assets```) counts too. ``DATABASE``/``SCHEMA <db>``
+    (``DROP DATABASE shop``) names the database with no table (an empty set). Deliberately generous: a
+    false positive costs the worker a re-signing, a miss leaves stale entries.
+    """
+    by_lower: dict[tuple[str, str], tuple[str, str]] = {(d.lower(), t.lower()): (d, t) for d, t in tables}
+    databases = {d.lower(): d for d, _ in tables}
+    found: dict[str, set[str]] = {}
+    tokens = _identifiers(query)
+    pairs: list[tuple[str, str]] = []
+    for (_, end, first), (start, _, second) in itertools.pairwise(tokens):
+        if query[end:start].strip() == ".":
+            pairs.append((first, second))
+    for _, _, name in tokens:
+        if "." in name:  # `shop.assets`: not a qualified name in SQL, but cheap to honour
+            db, _, table = name.partition(".")
+            pairs.append((db, table))
+    for db, table in pairs:
+        bound = by_lower.get((db.lower(), table.lower()))
+        if bound is not None:
+            found.setdefault(bound[0], set()).add(bound[1])
+    for start, _, name in tokens:
+        if name.lower() in databases and _DATABASE_WORD.search(query[max(0, start - 40) : start]):
+            found.setdefault(databases[name.lower()], set())
+    return found

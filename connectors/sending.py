@@ -1,0 +1,196 @@
+"""Sending what the binlog brings: each item encoded as a Kafka message, or its smaller stand-in.
+
+What :class:`Sender` guarantees to the session:
+
+- every message it produces is numbered by the session's :class:`CheckpointTracker` and acknowledges
+  that number only once Kafka acknowledged it, so the checkpoint never passes it (invariant 4);
+- a change keeps its key (namespace + primary key), so one row's events stay on one partition, in
+  binlog order (invariant 5);
+- no item can stop the connector by its size: over the message limit, now or at the broker, a change is
+  sent as an invalidation (``oversize=True``, no images: the worker drops the row's entries and the
+  application reads it through), a DDL statement cut, a dead letter without its original, a model update
+  as a dead letter; the stand-in acknowledges the original's number;
+- a row of the model registry table becomes a model update on its topic, or a dead letter saying why
+  not (:mod:`connectors.registry`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+from connectors.checkpoint import CheckpointTracker
+from connectors.exceptions import ConfigurationError
+from connectors.kafka.producer import MessageLimit, OnDelivered, OnTooLarge
+from connectors.metrics import ConnectorMetrics, ConnectorStats
+from connectors.registry import RegistryRowError, update_from_row
+from connectors.settings import KafkaSettings
+from schemas import ChangeEvent, DdlEvent, DeadLetter, encode, message_key
+from schemas.codec import dead_letter
+
+log = logging.getLogger(__name__)
+
+DDL_QUERY_CHARS = 16_000
+"""A DDL statement too large for a message is sent cut to this many characters (the worker re-reads
+the table's columns from the database; the statement is only a record)."""
+
+
+class Producer(Protocol):
+    """What the sender needs of a producer (:class:`~connectors.kafka.producer.ChangeProducer`)."""
+
+    def produce(
+        self,
+        topic: str,
+        key: bytes,
+        value: bytes,
+        on_delivered: OnDelivered,
+        *,
+        on_too_large: OnTooLarge | None = None,
+    ) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ModelUpdateMessage:
+    """A model update read from the registry table, encoded for the model-update topic."""
+
+    key: bytes
+    value: bytes
+    event: ChangeEvent
+
+
+Item = ChangeEvent | DdlEvent | DeadLetter | ModelUpdateMessage
+"""What a session sends."""
+
+
+class Sender:
+    """Produces a session's items through ``producer``, numbered by ``tracker`` (see the module)."""
+
+    def __init__(
+        self,
+        kafka: KafkaSettings,
+        limit: MessageLimit,
+        tracker: CheckpointTracker,
+        producer: Producer,
+        *,
+        stats: ConnectorStats,
+        metrics: ConnectorMetrics,
+    ) -> None:
+        self.kafka = kafka
+        self.limit = limit
+        self.tracker = tracker
+        self.producer = producer
+        self.stats = stats
+        self.metrics = metrics
+
+    def message(self, item: Item) -> tuple[str, bytes, bytes]:
+        """(topic, key, value) of an item."""
+        if isinstance(item, ModelUpdateMessage):
+            return self.kafka.model_update_topic, item.key, item.value
+        if isinstance(item, DeadLetter):
+            return self.kafka.dead_letter_topic, b"connector", encode(item)
+        if isinstance(item, ChangeEvent):
+            return (
+                self.kafka.change_topic,
+                message_key(item.source.db, item.source.table, item.key),
+                encode(item),
+            )
+        return self.kafka.change_topic, f"ddl/{item.source.db}".encode(), encode(item)
+
+    def send(self, item: Item, seq: int | None = None) -> None:
+        """Produce ``item``, or its smaller stand-in when it is over the limit (now or at the broker).
+
+        ``seq``: the event number a stand-in acknowledges (the original's); the checkpoint waits for it.
+        """
+        topic, key, value = self.message(item)
+        if not self.limit.fits(key, value):
+            smaller = self.stand_in(item, len(key) + len(value))
+            if smaller is not None:
+                self.send(smaller, seq)
+                return
+        if seq is None:
+            seq = self.tracker.produced()
+        acked = seq
+        sent = time.monotonic()
+
+        def delivered() -> None:
+            self.tracker.acknowledged(acked)
+            self.metrics.ack_latency.record((time.monotonic() - sent) * 1000)
+
+        def too_large() -> None:
+            smaller = self.stand_in(item, len(key) + len(value))
+            if smaller is None:
+                raise ConfigurationError(
+                    f"a {len(key) + len(value)}-byte message for {topic!r} is too large for Kafka and "
+                    "cannot be made smaller; raise the broker's max.message.bytes"
+                )
+            self.send(smaller, acked)
+
+        self.producer.produce(topic, key, value, delivered, on_too_large=too_large)
+
+    def registry_row(self, event: ChangeEvent) -> None:
+        """A change of the model registry table: a model update, or a dead letter saying why not."""
+        try:
+            update = update_from_row(event)
+        except RegistryRowError as exc:
+            self.stats.dead_letters += 1
+            log.warning("model registry row %s: %s", event.key, exc)
+            self.send(self.dead_letter(str(exc), encode(event), stage="model-registry"))
+            return
+        if update is None:
+            return
+        self.send(ModelUpdateMessage(update.model.encode(), update.model_dump_json().encode(), event))
+        log.info(
+            "model update from the registry: %s %s for %s",
+            update.model,
+            update.model_version,
+            update.namespaces,
+        )
+
+    def dead_letter(self, reason: str, original: bytes, *, stage: str) -> DeadLetter:
+        """A dead letter whose copy of the original is bounded by the Kafka settings."""
+        return dead_letter(
+            reason, original, stage=stage, max_original_bytes=self.kafka.dead_letter_max_original_bytes
+        )
+
+    def stand_in(self, item: Item, size: int) -> Item | None:
+        """The stand-in for an item of ``size`` bytes over the limit, or None when it has none."""
+        limit = self.limit.max_bytes
+        if isinstance(item, ChangeEvent):
+            if item.oversize:
+                return None
+            self.stats.oversize += 1
+            self.metrics.oversize.add(1)
+            log.warning(
+                "row %s.%s key %s: its change is %d bytes, over the %d-byte message limit "
+                "(FRESHKEY_KAFKA_MAX_MESSAGE_BYTES): sent as an invalidation, the application reads it "
+                "through",
+                item.source.db,
+                item.source.table,
+                item.key,
+                size,
+                limit,
+            )
+            return ChangeEvent.model_validate(
+                {**item.model_dump(), "before": None, "after": None, "oversize": True}
+            )
+        if isinstance(item, DdlEvent):
+            if len(item.query) <= DDL_QUERY_CHARS:
+                return None
+            log.warning("DDL in %s is %d bytes, over the message limit: sent cut", item.source.db, size)
+            cut = f"{item.query[:DDL_QUERY_CHARS]} /* freshkey: cut, {len(item.query)} chars in all */"
+            return item.model_copy(update={"query": cut})
+        if isinstance(item, ModelUpdateMessage):
+            self.stats.dead_letters += 1
+            log.warning(
+                "model update from the registry is %d bytes, over the message limit: dead letter", size
+            )
+            return self.dead_letter(
+                f"model update of {size} bytes is over the {limit}-byte message limit",
+                item.value,
+                stage="model-registry",
+            )
+        if item.original_b64:
+            return item.model_copy(update={"original_b64": "", "truncated": True})
+        return None

@@ -1,0 +1,102 @@
+"""connectors.kafka.producer without a broker: the message limit, and every refusal or failure kept
+for the caller's thread (librdkafka refuses sizes by itself; a broker's refusal and librdkafka's error
+callback are fed to their handlers)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from confluent_kafka import KafkaError
+
+from connectors.exceptions import ConfigurationError, DeliveryError
+from connectors.kafka.producer import RECORD_OVERHEAD_BYTES, ChangeProducer, MessageLimit
+from connectors.settings import KafkaSettings
+
+LIMIT = 100_000
+KAFKA = KafkaSettings(bootstrap="127.0.0.1:1", max_message_bytes=LIMIT, dead_letter_max_original_bytes=50_000)
+
+
+def test_limit_keeps_room_for_headers_and_learns_a_lower_broker_limit() -> None:
+    limit = MessageLimit(LIMIT)
+    assert limit.max_bytes == LIMIT - RECORD_OVERHEAD_BYTES
+    assert limit.fits(b"k", b"v" * (LIMIT - RECORD_OVERHEAD_BYTES - 1))
+    assert not limit.fits(b"k", b"v" * (LIMIT - RECORD_OVERHEAD_BYTES))
+    assert limit.refused(60_000) is True
+    assert limit.max_bytes == 59_999
+    assert limit.refused(80_000) is False, "a larger refusal teaches nothing"
+    assert not limit.fits(b"", b"v" * 60_000)
+
+
+@pytest.fixture
+def producer() -> Iterator[ChangeProducer]:
+    made = ChangeProducer(KAFKA, delivery_timeout_s=5)
+    yield made
+    made.close(0.1, purge=True)
+
+
+def test_librdkafka_refusal_calls_on_too_large_instead_of_raising(producer: ChangeProducer) -> None:
+    calls: list[str] = []
+    producer.produce(
+        "t",
+        b"key",
+        b"v" * LIMIT,
+        lambda: calls.append("delivered"),
+        on_too_large=lambda: calls.append("too large"),
+    )
+    assert calls == ["too large"]
+    producer.raise_if_failed()  # no failure kept
+
+
+def test_broker_refusal_queues_the_stand_in_and_lowers_the_limit(producer: ChangeProducer) -> None:
+    calls: list[str] = []
+    producer.on_delivery_error(
+        KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), "t", 70_000, lambda: calls.append("stand-in")
+    )
+    assert calls == [], "the stand-in is produced on the caller's thread, not the poll thread"
+    assert producer.limit.max_bytes == 69_999
+    producer.raise_if_failed()
+    assert calls == ["stand-in"]
+
+
+def test_other_delivery_errors_fail_the_session_and_purges_do_not(producer: ChangeProducer) -> None:
+    producer.on_delivery_error(KafkaError(KafkaError._PURGE_QUEUE), "t", 10, None)
+    producer.raise_if_failed()
+    producer.on_delivery_error(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), "t", 10, None)
+    with pytest.raises(DeliveryError, match=r"event for 't'"):
+        producer.raise_if_failed()
+
+
+def test_a_delivery_refused_for_want_of_authorization_is_a_configuration_error(
+    producer: ChangeProducer,
+) -> None:
+    producer.on_delivery_error(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED), "t", 10, None)
+    with pytest.raises(ConfigurationError, match="refused an event for 't'"):
+        producer.raise_if_failed()
+
+
+def test_fatal_error_fails_the_session(producer: ChangeProducer) -> None:
+    producer.on_client_error(KafkaError(KafkaError.UNKNOWN_PRODUCER_ID, fatal=True))
+    with pytest.raises(DeliveryError, match="for good"):
+        producer.raise_if_failed()
+
+
+def test_authentication_errors_are_configuration_errors(producer: ChangeProducer) -> None:
+    producer.on_client_error(KafkaError(KafkaError.SASL_AUTHENTICATION_FAILED))
+    with pytest.raises(ConfigurationError, match="refused freshkey"):
+        producer.raise_if_failed()
+
+
+def test_an_unreachable_broker_with_nothing_waiting_is_no_failure(producer: ChangeProducer) -> None:
+    """An idle producer whose connection was closed is not an outage: nothing waits for it."""
+    down = KafkaError(KafkaError._ALL_BROKERS_DOWN)
+    producer.on_client_error(down)
+    producer.raise_if_failed()
+    assert producer.last_error == down.str(), "kept for the messages"
+
+
+def test_the_first_failure_is_the_one_raised(producer: ChangeProducer) -> None:
+    producer.on_client_error(KafkaError(KafkaError.UNKNOWN_PRODUCER_ID, fatal=True))
+    producer.on_delivery_error(KafkaError(KafkaError._MSG_TIMED_OUT), "t", 10, None)
+    with pytest.raises(DeliveryError, match="for good"):
+        producer.raise_if_failed()
