@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,13 +29,7 @@ from pipeline.models import (
     NamespaceModels,
     semantic_keys,
 )
-from pipeline.observe import (
-    STAGE_PLAN,
-    STAGE_SOURCE,
-    STAGE_TRANSPORT,
-    TIER_STAGE_PREFIX,
-    Observers,
-)
+from pipeline.observe import BatchBuilder, Observers
 from pipeline.observe.stats import WorkerStats
 from pipeline.outages import OUTAGES
 from pipeline.plan import BindError, commit_time_us, plan
@@ -269,7 +262,8 @@ class ChangeProcessor:
     async def apply(
         self, planned: Sequence[Planned], *, received_ms: float, planned_ms: float
     ) -> list[Reject]:
-        """Apply to every tier, then report per change; returns the changes a tier refused for good.
+        """Apply to every tier, then report the batch (one ``BatchReport``); returns the changes a tier
+        refused for good.
 
         ``tiers`` are ordered inner (L2) to outer (L3...). Invalidations go outermost first, so no reader
         can refill an inner tier from an outer one that still holds the old entry; writes go innermost
@@ -292,7 +286,7 @@ class ChangeProcessor:
         writes = [(a, p) for a, p in kept if a.kind == "write"]
         steps = [(tier, invalidations) for tier in reversed(self.tiers)]
         steps += [(tier, writes) for tier in self.tiers]
-        tier_done_ms: dict[str, float] = {}
+        batch = BatchBuilder()
         refused: dict[int, Reject] = {}
         in_l2: dict[int, set[Outcome]] = {}
         for tier, group in steps:
@@ -301,9 +295,9 @@ class ChangeProcessor:
             results = await self._apply_to(tier, [a for a, _ in group])
             if results is None:  # fenced: it will be flushed before it is trusted again
                 for _, p in group:
-                    self.observers.on_outcome(tier.name, p.binding.namespace, "fenced")
+                    batch.skipped(tier.name, p.binding.namespace)
                 continue
-            tier_done_ms[tier.name] = time.time() * 1000
+            batch.tier_done(tier.name)
             for result, (_, p) in zip(results, group, strict=True):
                 outcome = result.outcome.value
                 if result.outcome is Outcome.APPLIED and result.action.kind == "invalidate":
@@ -314,8 +308,7 @@ class ChangeProcessor:
                     )
                 if tier is self.tiers[0]:
                     in_l2.setdefault(p.index, set()).add(result.outcome)
-                self.observers.on_outcome(tier.name, p.binding.namespace, outcome)
-        now_ms = time.time() * 1000
+                batch.outcome(tier.name, p.binding.namespace, outcome)
         for p in planned:
             if p.index in refused or not p.actions:
                 continue
@@ -323,27 +316,16 @@ class ChangeProcessor:
             # L2 as not newer (a replay, or overtaken); the refused ones go to the dead-letter topic.
             outcomes = in_l2.get(p.index)
             if outcomes is None:
-                self.observers.on_event("change_superseded")
+                accounted = "change_superseded"
             elif Outcome.APPLIED in outcomes:
-                self.observers.on_event("change_applied")
+                accounted = "change_applied"
             else:
-                self.observers.on_event("change_not_newer")
+                accounted = "change_not_newer"
             commit_us, coarse = commit_time_us(p.binding, p.event)
-            commit_ms = commit_us / 1000
-            stages = {
-                STAGE_TRANSPORT: received_ms - p.event.ts_ms,
-                STAGE_PLAN: planned_ms - received_ms,
-            }
-            if not coarse:
-                stages[STAGE_SOURCE] = p.event.ts_ms - commit_ms
-            previous = planned_ms
-            for name, done in sorted(tier_done_ms.items(), key=lambda item: item[1]):
-                stages[TIER_STAGE_PREFIX + name] = done - previous
-                previous = done
-            self.observers.on_event(p.event.op)
-            self.observers.on_applied(
-                p.binding.namespace, p.event.op, now_ms - commit_ms, coarse=coarse, stages=stages
+            batch.change(
+                p.binding.namespace, p.event.op, accounted, p.event.ts_ms, commit_us / 1000, coarse=coarse
             )
+        self.observers.on_batch(batch.report(received_ms=received_ms, planned_ms=planned_ms))
         return list(refused.values())
 
     async def _apply_to(self, tier: CacheTier, actions: list[CacheAction]) -> list[ActionResult] | None:

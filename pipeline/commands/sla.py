@@ -12,11 +12,13 @@ import orjson
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from pipeline.commands import EnvFile
 from pipeline.config import load_settings
-from pipeline.observe.sla import SlaState, TargetState
+from pipeline.observe.sla import SlaState, TargetState, format_ms
 from pipeline.settings import WorkerSettings
 
 console = Console()
@@ -31,7 +33,8 @@ def _when(ms: int) -> str:
 def _value(target: TargetState, value: float | None) -> str:
     if value is None:
         return "-"
-    return f"{value:.4%}" if target.unit == "fraction" else f"{value:.1f} ms"
+    # A measured figure keeps its comparison with the threshold when printed (200.04 ms, not 200.0 ms).
+    return f"{value:.4%}" if target.unit == "fraction" else format_ms(value, target.threshold)
 
 
 def fetch_sla(url: str, timeout_s: float = 5.0) -> tuple[SlaState, bytes]:
@@ -60,13 +63,15 @@ def sla(
         state, raw = fetch_sla(url)
     except (OSError, ValueError, ValidationError) as exc:
         reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
-        console.print(f"[red]✗[/red] no SLA state from {url}: {reason} (is the worker running?)")
+        console.print(
+            f"[red]✗[/red] no SLA state from {escape(url)}: {escape(str(reason))} (is the worker running?)"
+        )
         raise typer.Exit(2) from None
     if json_path is not None:
         json_path.write_bytes(orjson.dumps(orjson.loads(raw), option=orjson.OPT_INDENT_2) + b"\n")
     style = _STYLE[state.status]
     table = Table(
-        title=f"freshkey SLA of {state.worker or url} (last {state.evaluation_window_s:g} s, "
+        title=f"freshkey SLA of {escape(state.worker or url)} (last {state.evaluation_window_s:g} s, "
         f"{state.samples} samples): [{style}]{state.status}[/{style}] since {_when(state.since_ms)}"
     )
     for column in ("target", "status", "measured", "threshold", "since", "detail"):
@@ -79,13 +84,21 @@ def sla(
             _value(target, target.measured),
             _value(target, target.threshold),
             _when(target.since_ms),
-            target.detail,
+            Text(target.detail),  # plain text: a detail may hold brackets that rich would take for markup
         )
     console.print(table)
-    if state.p50_ms is not None:
+    if state.p50_ms is not None and state.p99_ms is not None and state.max_ms is not None:
+        p99_target = next((t for t in state.targets if t.name == "p99_lag"), None)
+        window = f"last {state.evaluation_window_s:g} s"
+        if state.window_end_ms is not None:
+            window += f" to {_when(state.window_end_ms)}"
+        threshold = p99_target.threshold if p99_target is not None else None
         console.print(
-            f"lag p50 {state.p50_ms:.1f} ms, p99 {state.p99_ms:.1f} ms, max {state.max_ms:.1f} ms "
-            f"(percentiles at most 4.5 % high); {state.violations} violation(s) since the worker started"
+            f"lag over the {window}: p50 {format_ms(state.p50_ms, threshold)}, "
+            f"p99 {format_ms(state.p99_ms, threshold)}, max {format_ms(state.max_ms, threshold)} "
+            "(nearest-rank percentiles, at most 4.43 % high, never low); "
+            f"{state.violations} violation(s) since the worker started",
+            markup=False,
         )
     if state.unknown_partitions is not None:
         age = "unknown" if state.backlog_age_ms is None else f"{state.backlog_age_ms:.0f} ms"
@@ -96,6 +109,8 @@ def sla(
             + (" (counted against the SLA, see /freshkey/consumer-lag)" if unknown else "")
         )
     if state.last_event is not None:
-        console.print(f"last event ({_when(state.last_event.at_ms)}): {state.last_event.message}")
+        console.print(
+            f"last event ({_when(state.last_event.at_ms)}): {state.last_event.message}", markup=False
+        )
     if state.violated:
         raise typer.Exit(1)

@@ -1,62 +1,104 @@
-"""What the worker reports as it goes: one small interface, several listeners.
+"""What the worker reports as it goes: one report per batch, one lag aggregator, several listeners.
 
-The worker calls an :class:`ApplyObserver` at each step; :class:`~pipeline.observe.stats.WorkerStats`
-(the JSON stats page) and the OpenTelemetry instruments are listeners. ``stages`` maps a stage name to the ms
-spent in it; the stage names are the constants below.
+``ChangeProcessor.apply`` builds one :class:`BatchReport` per applied batch (counts, and the lags and
+stage times as arrays) and hands it to its :class:`Observers`, which records it once into the
+:class:`~pipeline.observe.sketch.LagSketch` (the one lag aggregator) and passes it on. The listeners
+(:class:`~pipeline.observe.stats.WorkerStats` for ``/freshkey/stats``, the SLA evaluator, the dashboard's
+series, the OpenTelemetry instruments, the consumer progress) keep their counts and read every lag figure
+from that sketch, so the same window gives the same figure everywhere. Nothing is reported per change.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
-from typing import Protocol
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+from pipeline.observe.report import (
+    STAGE_PLAN,
+    STAGE_SOURCE,
+    STAGE_TOTAL,
+    STAGE_TRANSPORT,
+    TIER_STAGE_PREFIX,
+    BatchBuilder,
+    BatchReport,
+    Repeated,
+)
+from pipeline.observe.sketch import LagSketch
+
+__all__ = [
+    "STAGE_PLAN",
+    "STAGE_SOURCE",
+    "STAGE_TOTAL",
+    "STAGE_TRANSPORT",
+    "TIER_STAGE_PREFIX",
+    "ApplyObserver",
+    "BatchBuilder",
+    "BatchReport",
+    "Observers",
+    "Repeated",
+]
 
 log = logging.getLogger(__name__)
 
-STAGE_SOURCE = "commit->connector"
-"""Database commit to the connector reading it from the binlog (needs a µs commit-time column)."""
-STAGE_TRANSPORT = "connector->worker"
-"""Connector read to the worker receiving the batch: Kafka produce, ack and consume."""
-STAGE_PLAN = "worker->planned"
-"""Decoding, binding and computing the cache keys of the batch."""
-TIER_STAGE_PREFIX = "planned->tier:"
-"""Followed by the tier name: planned to that tier acknowledging the whole batch."""
-STAGE_TOTAL = "commit->applied"
-
 
 class ApplyObserver(Protocol):
+    """A listener of the worker. :class:`Observers` calls only the methods an observer has."""
+
+    def attach(self, sketch: LagSketch) -> None:
+        """Read lag figures from ``sketch`` (called once, when added); it is fed before ``on_batch``."""
+
     def on_event(self, kind: str) -> None:
-        """One message handled: an op (c/u/d/r), ``ddl``, ``unbound`` or ``dead_lettered``."""
+        """One thing happened outside a batch's changes: ``ddl``, ``unbound``, ``dead_lettered``, ..."""
 
-    def on_outcome(self, tier: str, namespace: str, outcome: str) -> None:
-        """One cache action's result in one tier: applied, tombstoned or stale."""
-
-    def on_applied(
-        self, namespace: str, op: str, lag_ms: float, *, coarse: bool, stages: Mapping[str, float]
-    ) -> None:
-        """A change is in every tier; ``lag_ms`` is commit -> applied (coarse: one-second commit clock)."""
+    def on_batch(self, report: BatchReport) -> None:
+        """A batch is in every tier (or refused for good, see ``ChangeProcessor.apply``)."""
 
     def on_offset(self, topic: str, partition: int, offset: int) -> None:
         """The worker acknowledged everything up to ``offset`` on that partition."""
 
 
 class Observers:
-    """Fans every call out to several observers.
+    """Feeds the :class:`LagSketch` and fans every call out to the observers that have the method.
 
     An observer that raises is logged (once per observer and kind of error) and skipped: reporting must
     never stop a batch that the tiers already took (a poison value in a lag figure would otherwise fail
     the batch after its writes, again on every replay).
+
+    An observer written for the per-change interface (``on_outcome`` and ``on_event`` per change, no
+    ``on_batch``) still gets its counts: the report is replayed to it as those calls.
     """
 
-    def __init__(self, observers: Sequence[ApplyObserver] = ()) -> None:
-        self.observers = list(observers)
+    def __init__(self, observers: Iterable[object] = (), *, sketch: LagSketch | None = None) -> None:
+        self.sketch = sketch if sketch is not None else LagSketch()
+        self.observers: list[object] = []
         self.errors = 0
         self._logged: set[tuple[int, type]] = set()
+        self._calls: dict[str, list[tuple[object, Any]]] = {}
+        self._per_change: list[object] = []
+        for observer in observers:
+            self.add(observer)
 
-    def add(self, observer: ApplyObserver) -> None:
+    def add(self, observer: object) -> None:
+        """Attach ``observer`` to the sketch and have it called from now on."""
+        attach = getattr(observer, "attach", None)
+        if attach is not None:
+            attach(self.sketch)
         self.observers.append(observer)
+        for method in ("on_event", "on_batch", "on_offset"):
+            bound = getattr(observer, method, None)
+            if bound is not None:
+                self._calls.setdefault(method, []).append((observer, bound))
+        if not hasattr(observer, "on_batch") and hasattr(observer, "on_outcome"):
+            self._per_change.append(observer)
+            if hasattr(observer, "on_applied"):
+                log.warning(
+                    "observer %s has on_applied, which is not called any more: lags come per batch "
+                    "(implement on_batch(report) and read them from the lag sketch)",
+                    type(observer).__name__,
+                )
 
-    def _failed(self, observer: ApplyObserver, exc: Exception) -> None:
+    def _failed(self, observer: object, exc: Exception) -> None:
         self.errors += 1
         key = (id(observer), type(exc))
         if key not in self._logged:
@@ -64,31 +106,42 @@ class Observers:
             log.error("observer %s failed (%r); skipped (logged once)", type(observer).__name__, exc)
 
     def on_event(self, kind: str) -> None:
-        for o in self.observers:
+        for observer, call in self._calls.get("on_event", ()):
             try:
-                o.on_event(kind)
+                call(kind)
             except Exception as exc:
-                self._failed(o, exc)
+                self._failed(observer, exc)
 
-    def on_outcome(self, tier: str, namespace: str, outcome: str) -> None:
-        for o in self.observers:
+    def on_batch(self, report: BatchReport) -> None:
+        try:
+            report.record_into(self.sketch)
+        except Exception as exc:
+            self._failed(self.sketch, exc)
+        for observer, call in self._calls.get("on_batch", ()):
             try:
-                o.on_outcome(tier, namespace, outcome)
+                call(report)
             except Exception as exc:
-                self._failed(o, exc)
-
-    def on_applied(
-        self, namespace: str, op: str, lag_ms: float, *, coarse: bool, stages: Mapping[str, float]
-    ) -> None:
-        for o in self.observers:
+                self._failed(observer, exc)
+        for observer in self._per_change:
             try:
-                o.on_applied(namespace, op, lag_ms, coarse=coarse, stages=stages)
+                _replay(observer, report)
             except Exception as exc:
-                self._failed(o, exc)
+                self._failed(observer, exc)
 
     def on_offset(self, topic: str, partition: int, offset: int) -> None:
-        for o in self.observers:
+        for observer, call in self._calls.get("on_offset", ()):
             try:
-                o.on_offset(topic, partition, offset)
+                call(topic, partition, offset)
             except Exception as exc:
-                self._failed(o, exc)
+                self._failed(observer, exc)
+
+
+def _replay(observer: Any, report: BatchReport) -> None:
+    """A batch as the per-change calls of the older interface: outcomes, then events."""
+    for (tier, namespace, outcome), count in report.outcomes.items():
+        for _ in range(count):
+            observer.on_outcome(tier, namespace, outcome)
+    if hasattr(observer, "on_event"):
+        for kind, count in report.events.items():
+            for _ in range(count):
+                observer.on_event(kind)

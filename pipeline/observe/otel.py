@@ -1,47 +1,41 @@
-"""OpenTelemetry metrics and traces of the pipeline, exported for Prometheus (and OTLP, optionally).
-
-Library code (:class:`OtelObserver`, the connector loop) uses only the OpenTelemetry *API*; until an
-entry point calls :func:`configure_telemetry`, every instrument is a no-op. ``configure_telemetry``
-installs the SDK: a MeterProvider whose readings are served on a Prometheus endpoint
-(``FRESHKEY_TELEMETRY_PROMETHEUS_BIND``/``_PORT``, localhost by default), and, when
-``FRESHKEY_TELEMETRY_OTLP_ENDPOINT`` is set, a TracerProvider exporting spans over OTLP/HTTP (the
-``otlp`` extra: ``pip install 'freshkey[otlp]'``).
+"""OpenTelemetry metrics and traces of the worker, exported for Prometheus (and traces over OTLP).
 
 Names follow the OpenTelemetry conventions (dotted, unit in the ``unit`` field, not in the name; counters
-without ``_total``); the Prometheus exporter turns ``freshkey.lag`` with unit ``ms`` into
-``freshkey_lag_milliseconds_bucket``/``_sum``/``_count`` and a counter ``freshkey.events`` into
-``freshkey_events_total``. :data:`PROMETHEUS_METRIC_NAMES` lists every series name the code can export,
-so that dashboards can be checked against it. Each series also carries the labels ``otel_scope_name``,
-``otel_scope_version`` and ``otel_scope_schema_url``.
+without ``_total``); the Prometheus exporter turns a counter ``freshkey.events`` into
+``freshkey_events_total``. :data:`schemas.metrics.PROMETHEUS_METRIC_NAMES` lists every series name the
+code can export, so that dashboards can be checked against it. Each series carries the labels
+``otel_scope_name``, ``otel_scope_version`` and ``otel_scope_schema_url``.
 
-Traces follow one sampled cache action in ``trace_sample_every`` from its database commit to the last
-tier: a span ``freshkey.apply`` per traced batch, with one child ``freshkey.change`` per sampled action
-that starts at the commit time and ends when every tier acknowledged it, carrying the namespace, a hash
-of the cache key (never the key: keys hold user data), the version and each tier's outcome.
+Nothing is recorded per change. Counters are added once per batch and kind (attributes built once and
+kept). The lag and stage histograms (``freshkey_lag_milliseconds_*``, ``freshkey_stage_duration_
+milliseconds_*``) are not OpenTelemetry instruments: the OpenTelemetry API records one value per call, and
+four calls per change were a quarter of the worker's CPU (issue 9). They are read from the worker's lag
+sketch at scrape time by :class:`SketchHistograms`, a Prometheus collector on the same endpoint, with the
+same names, labels and bucket bounds as before (:data:`schemas.metrics.LAG_BUCKETS_MS`; the sketch counts
+at those bounds exactly). The SLA gauges read the SLA state, itself read from the same sketch.
+
+The SDK set-up is :mod:`pipeline.observe.telemetry` (re-exported here); traces are
+:mod:`pipeline.observe.traces`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import logging
-import os
-import socket
-import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING
 
 from opentelemetry import metrics, trace
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from opentelemetry.trace import Tracer
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.registry import Collector
 
-from cache_writer import CacheAction
-from connectors.exceptions import ConfigurationError
 from pipeline.observe.progress import ConsumerProgress
-from pipeline.observe.sla import SlaState, SlaViolation
-from pipeline.settings import TelemetrySettings
+from pipeline.observe.report import BatchReport
+from pipeline.observe.sketch import COARSE, LAG, STAGE, LagSketch
+from pipeline.observe.sla_state import SlaState, SlaViolation
+from pipeline.observe.telemetry import Telemetry, TelemetryError, configure_telemetry, configured
+from pipeline.observe.traces import BatchTracer, PlannedChange, key_hash
 from schemas.metrics import (
     ATTR_COARSE,
     ATTR_KIND,
@@ -57,7 +51,6 @@ from schemas.metrics import (
     CONSUMER_LAG,
     CONSUMER_UNKNOWN_PARTITIONS,
     EVENTS,
-    LAG,
     LAG_BUCKETS_MS,
     LEASES_VOIDED,
     SCOPE,
@@ -66,202 +59,94 @@ from schemas.metrics import (
     SLA_VIOLATIONS,
     SLA_WINDOW_RATIO,
     STAGE_BUCKETS_MS,
-    STAGE_DURATION,
 )
+from schemas.metrics import LAG as LAG_METRIC
+from schemas.metrics import STAGE_DURATION as STAGE_METRIC
 
 if TYPE_CHECKING:
-    from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.metrics_core import Metric
 
-log = logging.getLogger(__name__)
+__all__ = [
+    "OtelObserver",
+    "SketchHistograms",
+    "Telemetry",
+    "TelemetryError",
+    "configure_telemetry",
+    "key_hash",
+]
 
-
-class TelemetryError(ConfigurationError):
-    """Telemetry is configured in a way that cannot work (e.g. OTLP asked for, its extra missing)."""
-
-
-@dataclass
-class Telemetry:
-    """What :func:`configure_telemetry` installed; ``shutdown()`` stops the endpoint and flushes."""
-
-    meter_provider: MeterProvider
-    tracer_provider: TracerProvider | None
-    prometheus_port: int | None
-    """The port the Prometheus endpoint listens on (None: not serving)."""
-    _server: Any = None
-
-    def shutdown(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-        self.meter_provider.shutdown()
-        if self.tracer_provider is not None:
-            self.tracer_provider.shutdown()
+_SCOPE_LABELS = {"otel_scope_name": SCOPE, "otel_scope_schema_url": "", "otel_scope_version": ""}
+"""What the OpenTelemetry exporter adds to each series: the histograms carry them too."""
 
 
-_configured: Telemetry | None = None
-_configure_lock = threading.Lock()
+def _prometheus_name(name: str) -> str:
+    return name.replace(".", "_")
 
 
-def configure_telemetry(
-    settings: TelemetrySettings,
-    *,
-    service: Literal["worker", "connector"],
-    set_global: bool = True,
-) -> Telemetry:
-    """Install the OpenTelemetry SDK for this process and serve Prometheus metrics.
+class SketchHistograms(Collector):
+    """The lag sketch's since-start counts as cumulative Prometheus histograms (read at each scrape):
 
-    With ``set_global`` (entry points), the providers become the process-wide ones that the API hands
-    to library code; a second call returns the first result unchanged. A Prometheus port already in use
-    is logged as an error and the process goes on without the endpoint (metrics are never a reason to
-    stop applying changes). Raises :class:`TelemetryError` when an OTLP endpoint is set but the ``otlp``
-    extra is not installed.
+    - ``freshkey_lag_milliseconds`` by ``namespace`` and ``coarse`` (buckets :data:`LAG_BUCKETS_MS`);
+    - ``freshkey_stage_duration_milliseconds`` by ``stage`` (buckets :data:`STAGE_BUCKETS_MS`).
+
+    Sums count negative samples (clock skew) as 0, as a histogram's sum is a total.
     """
-    global _configured
-    with _configure_lock:
-        if set_global and _configured is not None:
-            return _configured
-        telemetry = _build(settings, service)
-        if set_global:
-            metrics.set_meter_provider(telemetry.meter_provider)
-            if telemetry.tracer_provider is not None:
-                trace.set_tracer_provider(telemetry.tracer_provider)
-            _configured = telemetry
-        return telemetry
+
+    def __init__(self, sketch: LagSketch) -> None:
+        sketch.require_exact(*LAG_BUCKETS_MS, *STAGE_BUCKETS_MS)
+        self.sketch = sketch
+
+    def describe(self) -> Iterable[Metric]:
+        return [self._lag(), self._stages()]
+
+    def collect(self) -> Iterable[Metric]:
+        lag = self._lag()
+        for kind, coarse in ((LAG, "false"), (COARSE, "true")):
+            for namespace, le, n, total in self.sketch.cumulative(kind, LAG_BUCKETS_MS):
+                labels = {ATTR_COARSE: coarse, ATTR_NAMESPACE: namespace, **_SCOPE_LABELS}
+                lag.add_metric([labels[k] for k in sorted(labels)], _buckets(LAG_BUCKETS_MS, le, n), total)
+        stages = self._stages()
+        for stage, le, n, total in self.sketch.cumulative(STAGE, STAGE_BUCKETS_MS):
+            labels = {ATTR_STAGE: stage, **_SCOPE_LABELS}
+            stages.add_metric([labels[k] for k in sorted(labels)], _buckets(STAGE_BUCKETS_MS, le, n), total)
+        return [lag, stages]
+
+    @staticmethod
+    def _lag() -> HistogramMetricFamily:
+        return HistogramMetricFamily(
+            _prometheus_name(LAG_METRIC),
+            "Commit-to-cache lag of a change: database commit to every tier acknowledging it.",
+            labels=sorted({ATTR_COARSE, ATTR_NAMESPACE, *_SCOPE_LABELS}),
+            unit="milliseconds",
+        )
+
+    @staticmethod
+    def _stages() -> HistogramMetricFamily:
+        return HistogramMetricFamily(
+            _prometheus_name(STAGE_METRIC),
+            "Time a change spent in one stage of the path (see pipeline.observe).",
+            labels=sorted({ATTR_STAGE, *_SCOPE_LABELS}),
+            unit="milliseconds",
+        )
 
 
-def _build(settings: TelemetrySettings, service: Literal["worker", "connector"]) -> Telemetry:
-    from opentelemetry.exporter.prometheus import PrometheusMetricReader
-    from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.resources import Resource
-    from prometheus_client import CollectorRegistry, start_http_server
-
-    resource = Resource.create(
-        {
-            "service.name": f"freshkey-{service}",
-            "service.instance.id": f"{socket.gethostname()}:{os.getpid()}",
-        }
-    )
-    tracer_provider = _tracer_provider(settings, resource) if settings.otlp_endpoint else None
-    registry = CollectorRegistry(auto_describe=True)
-    provider = MeterProvider(metric_readers=[PrometheusMetricReader(registry=registry)], resource=resource)
-    port = settings.prometheus_port if service == "worker" else settings.connector_prometheus_port
-    server = None
-    if port:
-        try:
-            server, _thread = start_http_server(port, addr=settings.prometheus_bind, registry=registry)
-        except OSError as exc:
-            variable = "PROMETHEUS_PORT" if service == "worker" else "CONNECTOR_PROMETHEUS_PORT"
-            log.error(
-                "cannot serve Prometheus metrics on %s:%d (%s); set FRESHKEY_TELEMETRY_%s (0: off)",
-                settings.prometheus_bind,
-                port,
-                exc.strerror or exc,
-                variable,
-            )
-        else:
-            log.info("Prometheus metrics on http://%s:%d/metrics", settings.prometheus_bind, port)
-    return Telemetry(
-        provider, tracer_provider, server.server_port if server is not None else None, _server=server
-    )
-
-
-def _tracer_provider(settings: TelemetrySettings, resource: Resource) -> TracerProvider:
-    try:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    except ImportError:
-        raise TelemetryError(
-            "FRESHKEY_TELEMETRY_OTLP_ENDPOINT is set but the OTLP exporter is not installed: "
-            "pip install 'freshkey[otlp]' (opentelemetry-exporter-otlp-proto-http)"
-        ) from None
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
-
-    provider = TracerProvider(resource=resource)
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=settings.otlp_endpoint)))
-    return provider
-
-
-_FITS = {
-    "invalidate": frozenset({"tombstoned", "not_newer"}),
-    "write": frozenset({"applied", "not_newer"}),
-}
-
-
-def _outcomes_by_action(actions: Sequence[CacheAction], reported: Sequence[str]) -> list[str] | None:
-    """Each action's outcome in one tier, from that tier's outcomes in reporting order, or None.
-
-    ``ChangeProcessor.apply`` sends a tier the batch's invalidations, then its writes, each group in
-    batch order (a batch of one kind: simply batch order), and reports one outcome per action in that
-    order. ``None`` when the reports do not fit that order (a count differs, or an invalidation would
-    get "applied").
-    """
-    if len(reported) != len(actions):
-        return None
-    order = [i for i, a in enumerate(actions) if a.kind == "invalidate"]
-    order += [i for i, a in enumerate(actions) if a.kind == "write"]
-    by_action = [""] * len(actions)
-    for position, index in enumerate(order):
-        outcome = reported[position]
-        if outcome not in _FITS[actions[index].kind]:
-            return None
-        by_action[index] = outcome
-    return by_action
-
-
-def key_hash(key: str) -> str:
-    """A stable, short digest of a cache key for traces (the key itself may hold user data)."""
-    return hashlib.sha256(key.encode()).hexdigest()[:16]
-
-
-class _Binding(Protocol):
-    @property
-    def namespace(self) -> str: ...
-
-
-class _Event(Protocol):
-    @property
-    def op(self) -> str: ...
-
-    @property
-    def ts_ms(self) -> int: ...
-
-
-class PlannedChange(Protocol):
-    """What the tracer needs of one planned change (``pipeline.processor.Planned`` is one)."""
-
-    @property
-    def binding(self) -> _Binding: ...
-
-    @property
-    def event(self) -> _Event: ...
-
-    @property
-    def actions(self) -> Sequence[CacheAction]: ...
-
-
-@dataclass
-class _BatchTrace:
-    started_ns: int
-    received_ms: float
-    planned_ms: float
-    changes: list[tuple[str, str, int, CacheAction]]
-    """(namespace, op, connector read ms, action) of every action of the batch, in apply order."""
-    sampled: list[int]
-    outcomes: dict[str, list[str]] = field(default_factory=dict)
-    tier_done_ns: dict[str, int] = field(default_factory=dict)
+def _buckets(bounds: Sequence[float], le: Sequence[int], n: int) -> list[tuple[str, float]]:
+    # The bounds written as the OpenTelemetry exporter writes them (le="20", le="0.25"), so the series
+    # stay the ones Grafana and older scrapes know.
+    return [*((f"{b}", float(c)) for b, c in zip(bounds, le, strict=True)), ("+Inf", float(n))]
 
 
 class OtelObserver:
-    """An :class:`~pipeline.observe.ApplyObserver` that records OpenTelemetry metrics and traces.
+    """An :class:`~pipeline.observe.ApplyObserver` that exports the worker's metrics and traces.
 
-    Instruments come from ``meter`` (default: the API's global meter named :data:`SCOPE`).
+    Instruments come from ``meter`` (default: the API's global meter named :data:`SCOPE`). The lag and
+    stage histograms go to ``registry`` (default: the endpoint :func:`configure_telemetry` installed;
+    none: not exported) once the observer is attached to the lag sketch.
 
     Consumer lag per partition: with :meth:`watch_progress` (the worker's
     :class:`~pipeline.observe.progress.ConsumerProgress`), what it knows of the change topic: a partition
-    with no     figure has no ``freshkey.consumer.lag`` observation (never a 0) and is counted by
+    with no figure has no ``freshkey.consumer.lag`` observation (never a 0) and is counted by
     ``freshkey.consumer.partitions.unknown``; ``freshkey.consumer.backlog.age`` is the age of its oldest
     waiting change. Without it, the last high watermark given to :meth:`set_high_watermarks` minus the
     next offset to process (the last acknowledged one + 1), for partitions with both figures.
@@ -273,35 +158,27 @@ class OtelObserver:
         tracer: Tracer | None = None,
         *,
         trace_sample_every: int = 100,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         meter = meter or metrics.get_meter(SCOPE)
-        self._tracer = tracer or trace.get_tracer(SCOPE)
-        self.trace_sample_every = trace_sample_every
-        self._sample_counter = 0
+        if registry is None and (installed := configured()) is not None:
+            registry = installed.registry
+        self.registry = registry
+        self.histograms: SketchHistograms | None = None
+        self.tracer = BatchTracer(tracer or trace.get_tracer(SCOPE), trace_sample_every)
         self._processed: dict[tuple[str, int], int] = {}
         self._highs: dict[str, dict[int, int]] = {}
         self._sla: Callable[[], SlaState | None] | None = None
         self._progress: ConsumerProgress | None = None
-        self._batch: _BatchTrace | None = None
-        self.lag = meter.create_histogram(
-            LAG,
-            unit="ms",
-            description="Commit-to-cache lag of a change: database commit to every tier acknowledging it.",
-            explicit_bucket_boundaries_advisory=LAG_BUCKETS_MS,
-        )
-        self.stage_duration = meter.create_histogram(
-            STAGE_DURATION,
-            unit="ms",
-            description="Time a change spent in one stage of the path (see pipeline.observe).",
-            explicit_bucket_boundaries_advisory=STAGE_BUCKETS_MS,
-        )
+        self._kind_attrs: dict[str, Mapping[str, str]] = {}
+        self._outcome_attrs: dict[tuple[str, str, str], Mapping[str, str]] = {}
         self.events = meter.create_counter(
             EVENTS, unit="{event}", description="Messages handled, by kind (op, ddl, unbound, dead_lettered)."
         )
         self.outcomes = meter.create_counter(
             CACHE_OUTCOMES,
             unit="{action}",
-            description="Cache actions per tier and outcome (applied, stale, tombstoned).",
+            description="Cache actions per tier and outcome (applied, tombstoned, not_newer, fenced).",
         )
         self.leases_voided = meter.create_counter(
             LEASES_VOIDED,
@@ -311,62 +188,76 @@ class OtelObserver:
         self.sla_violations = meter.create_counter(
             SLA_VIOLATIONS, unit="{violation}", description="SLA violations, by violated target."
         )
-        meter.create_observable_gauge(
-            CONSUMER_LAG,
-            callbacks=[self._observe_consumer_lag],
-            unit="{message}",
-            description="Messages on a partition not yet applied: high watermark - next offset to process.",
-        )
-        meter.create_observable_gauge(
-            CONSUMER_BACKLOG_AGE,
-            callbacks=[self._observe_backlog_age],
-            unit="ms",
-            description="How long the oldest change not yet applied on a partition has waited (at least).",
-        )
-        meter.create_observable_gauge(
-            CONSUMER_UNKNOWN_PARTITIONS,
-            callbacks=[self._observe_unknown_partitions],
-            unit="{partition}",
-            description="Partitions of the change topic this worker should know about but has no figure for.",
-        )
-        meter.create_observable_gauge(
-            SLA_VIOLATED,
-            callbacks=[self._observe_violated],
-            unit="1",
-            description="1 while a target is violated.",
-        )
-        meter.create_observable_gauge(
-            SLA_LAG_P99,
-            callbacks=[self._observe_p99],
-            unit="ms",
-            description="p99 commit-to-cache lag over the SLA evaluation window (at most 4.5 % high).",
-        )
-        meter.create_observable_gauge(
-            SLA_WINDOW_RATIO,
-            callbacks=[self._observe_window_ratio],
-            unit="1",
-            description="Share of the changes in the SLA evaluation window applied within the window.",
-        )
+        for name, callback, unit, description in (
+            (
+                CONSUMER_LAG,
+                self._observe_consumer_lag,
+                "{message}",
+                "Messages on a partition not yet applied: high watermark - next offset to process.",
+            ),
+            (
+                CONSUMER_BACKLOG_AGE,
+                self._observe_backlog_age,
+                "ms",
+                "How long the oldest change not yet applied on a partition has waited (at least).",
+            ),
+            (
+                CONSUMER_UNKNOWN_PARTITIONS,
+                self._observe_unknown_partitions,
+                "{partition}",
+                "Partitions of the change topic this worker should know about but has no figure for.",
+            ),
+            (SLA_VIOLATED, self._observe_violated, "1", "1 while a target is violated."),
+            (
+                SLA_LAG_P99,
+                self._observe_p99,
+                "ms",
+                "p99 commit-to-cache lag over the SLA evaluation window (at most 4.43 % high), as the "
+                "SLA state reports it.",
+            ),
+            (
+                SLA_WINDOW_RATIO,
+                self._observe_window_ratio,
+                "1",
+                "Share of the changes in the SLA evaluation window applied within the window.",
+            ),
+        ):
+            meter.create_observable_gauge(name, callbacks=[callback], unit=unit, description=description)
+
+    # Attributes are built once per distinct value and kept: a batch adds to each counter once per kind.
+    def _kind(self, kind: str) -> Mapping[str, str]:
+        attrs = self._kind_attrs.get(kind)
+        if attrs is None:
+            attrs = self._kind_attrs[kind] = {ATTR_KIND: kind}
+        return attrs
+
+    def _outcome(self, key: tuple[str, str, str]) -> Mapping[str, str]:
+        attrs = self._outcome_attrs.get(key)
+        if attrs is None:
+            tier, namespace, outcome = key
+            attrs = self._outcome_attrs[key] = {
+                ATTR_TIER: tier,
+                ATTR_NAMESPACE: namespace,
+                ATTR_OUTCOME: outcome,
+            }
+        return attrs
 
     # -- ApplyObserver --------------------------------------------------------------------------------
+    def attach(self, sketch: LagSketch) -> None:
+        """Export the sketch's histograms on ``registry`` (once)."""
+        if self.registry is not None and self.histograms is None:
+            self.histograms = SketchHistograms(sketch)
+            self.registry.register(self.histograms)
+
     def on_event(self, kind: str) -> None:
-        self.events.add(1, {ATTR_KIND: kind})
+        self.events.add(1, self._kind(kind))
 
-    def on_outcome(self, tier: str, namespace: str, outcome: str) -> None:
-        self.outcomes.add(1, {ATTR_TIER: tier, ATTR_NAMESPACE: namespace, ATTR_OUTCOME: outcome})
-        batch = self._batch
-        if batch is not None:
-            batch.outcomes.setdefault(tier, []).append(outcome)
-            batch.tier_done_ns[tier] = time.time_ns()
-
-    def on_applied(
-        self, namespace: str, op: str, lag_ms: float, *, coarse: bool, stages: Mapping[str, float]
-    ) -> None:
-        # Clock skew between the database and the worker can make a lag negative; a histogram counts
-        # non-negative amounts (its sum is a total), so it is recorded as 0.
-        self.lag.record(max(lag_ms, 0.0), {ATTR_NAMESPACE: namespace, ATTR_COARSE: coarse})
-        for stage, ms in stages.items():
-            self.stage_duration.record(max(ms, 0.0), {ATTR_STAGE: stage})
+    def on_batch(self, report: BatchReport) -> None:
+        for kind, count in report.events.items():
+            self.events.add(count, self._kind(kind))
+        for key, count in report.outcomes.items():
+            self.outcomes.add(count, self._outcome(key))
+        self.tracer.on_batch(report)
 
     def on_offset(self, topic: str, partition: int, offset: int) -> None:
         key = (topic, partition)
@@ -410,6 +301,15 @@ class OtelObserver:
             for target in event.violated:
                 self.sla_violations.add(1, {ATTR_TARGET: target})
 
+    @contextlib.contextmanager
+    def trace_batch(
+        self, planned: Sequence[PlannedChange], *, received_ms: float, planned_ms: float
+    ) -> Iterator[None]:
+        """Trace the sampled actions of the batch applied inside the ``with`` block (see
+        :mod:`pipeline.observe.traces`)."""
+        with self.tracer.trace_batch(planned, received_ms=received_ms, planned_ms=planned_ms):
+            yield
+
     # -- observable gauges ----------------------------------------------------------------------------
     def _observe_consumer_lag(self, options: CallbackOptions) -> Iterable[Observation]:
         return [
@@ -452,68 +352,3 @@ class OtelObserver:
         if state is None or state.within_window_fraction is None:
             return []
         return [Observation(state.within_window_fraction)]
-
-    # -- traces ---------------------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def trace_batch(
-        self, planned: Sequence[PlannedChange], *, received_ms: float, planned_ms: float
-    ) -> Iterator[None]:
-        """Trace the sampled actions of one batch applied inside the ``with`` block.
-
-        Outcomes are matched to actions by the worker's reporting order (see
-        :func:`_outcomes_by_action`); a tier whose reports do not fit is left out of the spans.
-        """
-        every = self.trace_sample_every
-        total = sum(len(p.actions) for p in planned)
-        first = self._sample_counter
-        self._sample_counter += total
-        sampled = list(range((-first) % every, total, every)) if every > 0 else []
-        if not sampled:
-            yield
-            return
-        root = self._tracer.start_span(
-            "freshkey.apply",
-            attributes={"freshkey.batch.actions": total, "freshkey.batch.sampled": len(sampled)},
-        )
-        if not root.is_recording():  # no SDK tracer provider installed
-            root.end()
-            yield
-            return
-        changes = [(p.binding.namespace, p.event.op, p.event.ts_ms, a) for p in planned for a in p.actions]
-        batch = _BatchTrace(time.time_ns(), received_ms, planned_ms, changes, sampled)
-        self._batch = batch
-        try:
-            yield
-        finally:
-            self._batch = None
-            self._emit(root, batch, time.time_ns())
-
-    def _emit(self, root: trace.Span, batch: _BatchTrace, ended_ns: int) -> None:
-        context = trace.set_span_in_context(root)
-        outcomes = {
-            tier: by_action
-            for tier, reported in batch.outcomes.items()
-            if (by_action := _outcomes_by_action([c[3] for c in batch.changes], reported)) is not None
-        }
-        for index in batch.sampled:
-            namespace, op, read_ms, action = batch.changes[index]
-            attributes: dict[str, str | int | bool] = {
-                "freshkey.namespace": namespace,
-                "freshkey.key.hash": key_hash(action.key),
-                "freshkey.version": str(action.version),
-                "freshkey.op": op,
-                "freshkey.action": action.kind,
-            }
-            for tier, outcome in outcomes.items():
-                attributes[f"freshkey.outcome.{tier}"] = outcome[index]
-            commit_ns = action.commit_ts_us * 1000
-            span = self._tracer.start_span(
-                "freshkey.change", context=context, start_time=min(commit_ns, ended_ns), attributes=attributes
-            )
-            span.add_event("read by connector", timestamp=int(read_ms * 1_000_000))
-            span.add_event("received by worker", timestamp=int(batch.received_ms * 1_000_000))
-            span.add_event("keys computed", timestamp=int(batch.planned_ms * 1_000_000))
-            for tier, done_ns in batch.tier_done_ns.items():
-                span.add_event(f"acknowledged by {tier}", timestamp=done_ns)
-            span.end(end_time=ended_ns)
-        root.end(end_time=ended_ns)

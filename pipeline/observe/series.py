@@ -1,147 +1,46 @@
-"""The dashboard's time series: per-second aggregates of what the worker did, for the last few minutes.
+"""The dashboard's time series: per-second figures of what the worker did, for the last few minutes.
 
-:class:`SeriesRecorder` is an :class:`~pipeline.observe.ApplyObserver`. Each second it keeps the
-commit-to-cache lag and every stage's time in a :class:`Sketch` (log-spaced buckets, so memory per second
-is bounded by the range of values, not by the throughput, and any percentile is within 1 % of the exact
-one), plus the outcome and event counts. Seconds older than ``retention_s`` are dropped, so the recorder
-never grows past ``retention_s`` buckets. Everything runs on the worker's event loop: no locks.
+:class:`SeriesRecorder` is an :class:`~pipeline.observe.ApplyObserver`. It counts events and outcomes
+per second itself; every lag and stage figure it serves is read from the worker's lag sketch
+(:mod:`pipeline.observe.sketch`), the one ``/freshkey/stats`` and the SLA read: a point's percentiles are
+those of its second, the summary's those of the window it states (``window_s``), computed exactly as the
+stats page and the SLA compute theirs. Seconds older than ``retention_s`` are dropped. Everything runs
+on the worker's event loop: no locks.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections import Counter, deque
-from collections.abc import Callable, Iterable, Mapping
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.observe import STAGE_PLAN, STAGE_SOURCE, STAGE_TOTAL, STAGE_TRANSPORT, TIER_STAGE_PREFIX
+from pipeline.observe.report import (
+    STAGE_PLAN,
+    STAGE_SOURCE,
+    STAGE_TOTAL,
+    STAGE_TRANSPORT,
+    TIER_STAGE_PREFIX,
+    BatchReport,
+)
+from pipeline.observe.sketch import COARSE, LAG, P50, P99, STAGE, LagSketch, Reading, window_name
 
-RELATIVE_ACCURACY = 0.01
-"""A quantile of a :class:`Sketch` is within this fraction of the true sample value (DDSketch's bound)."""
-_GAMMA = (1 + RELATIVE_ACCURACY) / (1 - RELATIVE_ACCURACY)
-_LOG_GAMMA = math.log(_GAMMA)
-_ZERO_BELOW_MS = 1e-3
-"""Values closer to zero than 1 µs count as zero (the log buckets need a positive magnitude)."""
-
-LAG_QUANTILES = {"p50": 0.50, "p95": 0.95, "p99": 0.99}
-STAGE_QUANTILES = {"p50": 0.50, "p99": 0.99}
+LAG_QUANTILES = {"p50": P50, "p95": 0.95, "p99": P99}
+STAGE_QUANTILES = {"p50": P50, "p99": P99}
 SUMMARY_WINDOW_S = 60
 CHANGE_OPS = ("c", "u", "d", "r")
 """Event kinds that are row changes (the others: ddl, unbound, dead_lettered)."""
 
 
-class Sketch:
-    """Quantiles of a stream of values with bounded relative error (a small DDSketch).
-
-    A value v > 0 falls in bucket ``ceil(log_gamma(v))``; the bucket's representative value is within
-    ``RELATIVE_ACCURACY`` of every value in it. Negative values (clock skew between hosts can make a stage
-    look negative by a millisecond) are kept in a mirrored store, so they are not silently clamped. The
-    minimum and maximum are exact.
-    """
-
-    __slots__ = ("_neg", "_pos", "_zero", "count", "max", "min")
-
-    def __init__(self) -> None:
-        self._pos: Counter[int] = Counter()
-        self._neg: Counter[int] = Counter()
-        self._zero = 0
-        self.count = 0
-        self.min = math.inf
-        self.max = -math.inf
-
-    def add(self, value: float) -> None:
-        if math.isnan(value):
-            return
-        self.count += 1
-        self.min = min(self.min, value)
-        self.max = max(self.max, value)
-        if value > _ZERO_BELOW_MS:
-            self._pos[_index(value)] += 1
-        elif value < -_ZERO_BELOW_MS:
-            self._neg[_index(-value)] += 1
-        else:
-            self._zero += 1
-
-    def merge(self, other: Sketch) -> None:
-        self._pos.update(other._pos)
-        self._neg.update(other._neg)
-        self._zero += other._zero
-        self.count += other.count
-        self.min = min(self.min, other.min)
-        self.max = max(self.max, other.max)
-
-    def quantile(self, q: float) -> float | None:
-        """The value of rank ``floor(q * (count - 1))`` (lower rank, like ``numpy`` 'lower'), or None."""
-        if self.count == 0:
-            return None
-        if q <= 0:
-            return self.min
-        if q >= 1:
-            return self.max
-        rank = q * (self.count - 1)
-        seen = 0
-        for index in sorted(self._neg, reverse=True):
-            seen += self._neg[index]
-            if seen > rank:
-                return self._clamp(-_value(index))
-        seen += self._zero
-        if seen > rank:
-            return self._clamp(0.0)
-        for index in sorted(self._pos):
-            seen += self._pos[index]
-            if seen > rank:
-                return self._clamp(_value(index))
-        return self.max
-
-    def summary(self, quantiles: Mapping[str, float]) -> dict[str, float | int] | None:
-        """``{"count": n, "p50": ..., ..., "max": ...}`` in ms rounded to µs, or None when empty."""
-        if self.count == 0:
-            return None
-        result: dict[str, float | int] = {"count": self.count}
-        for name, q in quantiles.items():
-            result[name] = _round(self.quantile(q))
-        result["max"] = _round(self.max)
-        return result
-
-    def _clamp(self, value: float) -> float:
-        return min(max(value, self.min), self.max)
-
-
-def _index(magnitude: float) -> int:
-    return math.ceil(math.log(magnitude) / _LOG_GAMMA)
-
-
-def _value(index: int) -> float:
-    return 2 * _GAMMA**index / (_GAMMA + 1)
-
-
-def _round(value: float | None) -> float:
-    assert value is not None
-    return round(value, 3)
-
-
 @dataclass
-class _Second:
-    """Everything observed during one wall-clock second (unix ``t``)."""
+class _Counts:
+    """What was counted during one wall-clock second (unix ``t``)."""
 
     t: int
     events: Counter[str] = field(default_factory=Counter)
     outcomes: Counter[str] = field(default_factory=Counter)
-    lag: Sketch = field(default_factory=Sketch)
-    coarse: int = 0
-    stages: dict[str, Sketch] = field(default_factory=dict)
-
-    def point(self) -> dict[str, Any]:
-        return {
-            "t": self.t,
-            "events": dict(self.events),
-            "outcomes": dict(self.outcomes),
-            "lag_ms": self.lag.summary(LAG_QUANTILES),
-            "coarse_lag_samples": self.coarse,
-            "stages_ms": {name: sketch.summary(STAGE_QUANTILES) for name, sketch in self.stages.items()},
-        }
 
 
 def stage_order(stage: str) -> tuple[int, str]:
@@ -156,13 +55,17 @@ def stage_order(stage: str) -> tuple[int, str]:
     return 4, stage
 
 
+def _summary(reading: Reading, quantiles: dict[str, float]) -> dict[str, Any] | None:
+    return reading.summary(quantiles) if reading.n else None
+
+
 class SeriesRecorder:
-    """A ring buffer of per-second aggregates; an ApplyObserver of the worker.
+    """Per-second counts and the sketch's figures; an ApplyObserver of the worker.
 
     ``snapshot(since)`` is the JSON of ``/freshkey/api/series``: one point per second that saw anything
-    (seconds with no activity are absent: counts are zero there and lags unknown), and a summary of the
-    last ``SUMMARY_WINDOW_S`` seconds with percentiles over all of its samples (not an average of the
-    per-second percentiles).
+    (seconds with no activity are absent: counts are zero there and lags unknown), a ``summary`` of the
+    last ``SUMMARY_WINDOW_S`` seconds, and ``windows``: the lag figures of every window the worker
+    reports (the SLA's among them), the same objects as ``/freshkey/stats``'s.
     """
 
     def __init__(self, retention_s: int = 900, clock: Callable[[], float] = time.time) -> None:
@@ -170,93 +73,124 @@ class SeriesRecorder:
             raise ValueError("retention_s must be at least 1")
         self.retention_s = retention_s
         self._clock = clock
-        self._seconds: deque[_Second] = deque()
-        self._stages: list[str] = []
+        self._counts: dict[int, _Counts] = {}
+        self._newest = 0
+        self._points: dict[int, dict[str, Any]] = {}
+        """Points of seconds that are over (nothing is added to them any more)."""
         self.started_at = clock()
+        self.sketch = LagSketch(retention_s=retention_s, clock=clock)
 
     # -- ApplyObserver --------------------------------------------------------------------------------
+    def attach(self, sketch: LagSketch) -> None:
+        sketch.retention_s = max(sketch.retention_s, self.retention_s)
+        self.sketch = sketch
+
     def on_event(self, kind: str) -> None:
-        self._current().events[kind] += 1
+        self._current(None).events[kind] += 1
 
-    def on_outcome(self, tier: str, namespace: str, outcome: str) -> None:
-        self._current().outcomes[outcome] += 1
-
-    def on_applied(
-        self, namespace: str, op: str, lag_ms: float, *, coarse: bool, stages: Mapping[str, float]
-    ) -> None:
-        second = self._current()
-        if coarse:
-            second.coarse += 1
-        else:
-            second.lag.add(lag_ms)
-        for stage, ms in stages.items():
-            sketch = second.stages.get(stage)
-            if sketch is None:
-                sketch = second.stages[stage] = Sketch()
-                if stage not in self._stages:
-                    self._stages.append(stage)
-                    self._stages.sort(key=stage_order)
-            sketch.add(ms)
-
-    def on_offset(self, topic: str, partition: int, offset: int) -> None:
-        """Offsets are in :class:`~pipeline.observe.stats.WorkerStats`; nothing per second to keep."""
+    def on_batch(self, report: BatchReport) -> None:
+        second = self._current(report.at)
+        second.events.update(report.events)
+        outcomes = second.outcomes
+        for (_tier, _namespace, outcome), count in report.outcomes.items():
+            outcomes[outcome] += count
 
     # -- reading ---------------------------------------------------------------------------------------
+    def stages(self) -> list[str]:
+        """Every stage seen, in path order."""
+        return sorted(self.sketch.names(STAGE), key=stage_order)
+
     def snapshot(self, since: float | None = None) -> dict[str, Any]:
         now = self._clock()
         self._expire(int(now))
-        start = -math.inf if since is None else math.floor(since)
-        window_start = int(now) - SUMMARY_WINDOW_S + 1
+        start = int(now) - self.retention_s + 1
+        if since is not None:
+            start = max(start, math.floor(since))
+        seconds = sorted(t for t in {*self._counts, *self.sketch.seconds(since=start)} if t >= start)
+        points = [self._points.get(t) or self._point(t, now) for t in seconds]
         return {
-            "now": round(now, 3),
-            "started_at": round(self.started_at, 3),
+            "now": now,
+            "started_at": self.started_at,
             "resolution_s": 1,
             "retention_s": self.retention_s,
-            "stages": list(self._stages),
-            "points": [s.point() for s in self._seconds if s.t >= start],
-            "summary": self._summary([s for s in self._seconds if s.t >= window_start], now),
+            "stages": self.stages(),
+            "points": points,
+            "summary": self._summary(now),
+            "windows": {
+                window_name(s): {
+                    "window_s": s,
+                    "end": self.sketch.end(now),
+                    "lag_ms": self.sketch.window(LAG, seconds=s, now=now).summary(),
+                }
+                for s in self.sketch.windows_s
+            },
         }
 
-    def _summary(self, seconds: Iterable[_Second], now: float) -> dict[str, Any]:
-        lag = Sketch()
-        stages: dict[str, Sketch] = {}
+    def _point(self, t: int, now: float) -> dict[str, Any]:
+        counts = self._counts.get(t) or _Counts(t)
+        sketch = self.sketch
+        point = {
+            "t": t,
+            "events": dict(counts.events),
+            "outcomes": dict(counts.outcomes),
+            "lag_ms": _summary(sketch.second(t, LAG), LAG_QUANTILES),
+            "coarse_lag_samples": sketch.second(t, COARSE).n,
+            "stages_ms": {
+                stage: summary
+                for stage in self.stages()
+                if (summary := _summary(sketch.second(t, STAGE, [stage]), STAGE_QUANTILES)) is not None
+            },
+        }
+        if t < math.floor(now):
+            self._points[t] = point  # over: nothing is added to it any more
+        return point
+
+    def _summary(self, now: float) -> dict[str, Any]:
+        """The last ``SUMMARY_WINDOW_S`` whole seconds as of ``now`` (the sketch's window)."""
+        sketch = self.sketch
+        end = sketch.end(now)
+        start = end - SUMMARY_WINDOW_S
         events: Counter[str] = Counter()
         outcomes: Counter[str] = Counter()
-        coarse = 0
-        for second in seconds:
-            lag.merge(second.lag)
-            for name, sketch in second.stages.items():
-                stages.setdefault(name, Sketch()).merge(sketch)
-            events.update(second.events)
-            outcomes.update(second.outcomes)
-            coarse += second.coarse
+        for t, counts in self._counts.items():
+            if start <= t < end:
+                events.update(counts.events)
+                outcomes.update(counts.outcomes)
         # Divide by the seconds the window really covers, so a worker up for 5 s is not averaged over 60.
-        covered = max(1.0, min(float(SUMMARY_WINDOW_S), now - self.started_at))
+        covered = max(1.0, min(float(SUMMARY_WINDOW_S), end - self.started_at))
+
+        def read(kind: str, names: list[str] | None = None) -> Reading:
+            return sketch.window(kind, names, seconds=SUMMARY_WINDOW_S, now=now)
+
         return {
             "window_s": SUMMARY_WINDOW_S,
+            "end": end,
             "events": dict(events),
-            "events_per_s": round(sum(events.values()) / covered, 3),
-            "changes_per_s": round(sum(events[op] for op in CHANGE_OPS) / covered, 3),
+            "events_per_s": sum(events.values()) / covered,
+            "changes_per_s": sum(events[op] for op in CHANGE_OPS) / covered,
             "outcomes": dict(outcomes),
-            "lag_ms": lag.summary(LAG_QUANTILES),
-            "coarse_lag_samples": coarse,
+            "lag_ms": _summary(read(LAG), LAG_QUANTILES),
+            "coarse_lag_samples": read(COARSE).n,
             "stages_ms": {
-                name: stages[name].summary(STAGE_QUANTILES) for name in self._stages if name in stages
+                stage: summary
+                for stage in self.stages()
+                if (summary := _summary(read(STAGE, [stage]), STAGE_QUANTILES)) is not None
             },
         }
 
     # -- the ring -------------------------------------------------------------------------------------
-    def _current(self) -> _Second:
-        t = int(self._clock())
-        if self._seconds and self._seconds[-1].t >= t:
-            # Same second, or the wall clock stepped back: keep adding to the newest bucket.
-            return self._seconds[-1]
-        self._expire(t)
-        second = _Second(t)
-        self._seconds.append(second)
-        return second
+    def _current(self, at: float | None) -> _Counts:
+        # A wall clock stepped back keeps adding to the newest second (as the sketch does).
+        t = max(int(self._clock() if at is None else at), self._newest)
+        counts = self._counts.get(t)
+        if counts is None:
+            self._newest = t
+            self._expire(t)
+            counts = self._counts[t] = _Counts(t)
+        return counts
 
     def _expire(self, now_s: int) -> None:
         oldest = now_s - self.retention_s + 1
-        while self._seconds and self._seconds[0].t < oldest:
-            self._seconds.popleft()
+        for table in (self._counts, self._points):
+            for t in [t for t in table if t < oldest]:
+                del table[t]

@@ -18,16 +18,12 @@ Only precise lag samples count (a commit-time column in the binding, see :mod:`p
 sample (the binlog's one-second clock) cannot tell 10 ms from 900 ms. Lag is measured against the
 worker's clock, so clock skew between the database and the worker host adds to it.
 
-How exact it is. The p99 and consistency-window *decisions* are exact over the samples in the window:
-the evaluator counts the samples at or under each threshold, and "p99 <= T" holds exactly when at least
-``ceil(0.99 n)`` of the ``n`` samples are <= T (nearest-rank percentile). The *reported* percentiles come
-from a fixed-bucket histogram with bucket bounds growing by ``2 ** (1 / 16)``: for a nearest-rank
-percentile ``x`` above :data:`MIN_BUCKET_MS`, the reported value ``e`` satisfies ``x <= e < x * 1.0443``
-(at most 4.43 % high, never low); it is also capped by the window's exact maximum.
-
-Memory is bounded: the window is kept as :data:`SLOTS` time slots (one second each for the default 60 s
-window), each a sparse histogram of at most :data:`BUCKETS` + 1 counts, so the window forgets a sample
-between ``window`` and ``window * (1 + 1 / SLOTS)`` after it was recorded.
+How exact it is. The lag figures come from the worker's lag sketch (:mod:`pipeline.observe.sketch`),
+the one ``/freshkey/stats`` and the dashboard read, over the evaluation window: the ``ceil(W)`` whole
+seconds before the current one (``window_end_ms`` in the state). Both thresholds are exact bounds of the
+sketch, so the *decisions* are exact over the samples in the window: "p99 <= T" holds exactly when at
+least ``ceil(0.99 n)`` of the ``n`` samples are <= T (nearest rank), and the p99 reported beside it is
+<= T exactly then (it is at most 4.43 % above the true p99, never below it).
 
 A state change into ``violated`` emits one :class:`SlaViolation` of kind ``violation``; the first return
 to ``ok`` after it emits one of kind ``recovery``. A worker evaluates the changes of the partitions it
@@ -38,114 +34,43 @@ from __future__ import annotations
 
 import math
 import time
-from collections import deque
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Literal
 
-import orjson
-from pydantic import BaseModel, ConfigDict, Field
-
 from pipeline.observe.progress import ConsumerProgress, ConsumerSnapshot
-from pipeline.observe.sketch import bucket_of, quantile_from_buckets
+from pipeline.observe.report import BatchReport
+from pipeline.observe.sketch import LAG, P50, P99, LagSketch, rank
+from pipeline.observe.sla_state import (
+    SlaState,
+    SlaViolation,
+    Status,
+    TargetName,
+    TargetState,
+    format_ms,
+)
 from pipeline.settings import SlaSettings
 
-P99 = 0.99
-SLOTS = 60
-
-TargetName = Literal["p99_lag", "consistency_window", "heartbeat", "backlog_age"]
-Status = Literal["ok", "violated", "no_data"]
-
-
-class TargetState(BaseModel):
-    """One target as last evaluated. ``threshold`` and ``measured`` are in ``unit``."""
-
-    model_config = ConfigDict(frozen=True)
-
-    name: TargetName
-    status: Status
-    threshold: float
-    measured: float | None
-    unit: Literal["ms", "fraction"]
-    since_ms: int = Field(description="When this target entered its status, ms since the epoch.")
-    detail: str
-
-
-class SlaViolation(BaseModel):
-    """A transition of a worker's SLA state: into violation, or the recovery from one."""
-
-    model_config = ConfigDict(frozen=True)
-
-    kind: Literal["violation", "recovery"]
-    at_ms: int = Field(description="When the evaluator saw the transition, ms since the epoch.")
-    worker: str
-    violated: tuple[TargetName, ...] = Field(
-        description="Targets violated at a violation; the targets that had been violated, at a recovery."
-    )
-    since_ms: int = Field(
-        description="When the violation began (for a recovery: its duration is at - since)."
-    )
-    samples: int
-    evaluation_window_s: float
-    targets: tuple[TargetState, ...]
-    message: str
-
-    def to_json(self) -> bytes:
-        return orjson.dumps(self.model_dump(mode="json"))
-
-
-class SlaState(BaseModel):
-    """A worker's SLA state: served at ``/freshkey/sla`` and read by ``freshkey sla``."""
-
-    model_config = ConfigDict(frozen=True)
-
-    status: Status = Field(description="violated if any target is; else ok if any is; else no_data.")
-    since_ms: int
-    evaluated_at_ms: int
-    worker: str
-    evaluation_window_s: float
-    samples: int = Field(description="Precise lag samples in the window.")
-    p50_ms: float | None
-    p99_ms: float | None
-    max_ms: float | None
-    within_window_fraction: float | None
-    targets: tuple[TargetState, ...]
-    violations: int = Field(description="Violation events since the worker started.")
-    last_event: SlaViolation | None
-    backlog_age_ms: float | None = Field(
-        None,
-        description="How long the oldest change waiting on this worker's partitions of the change topic "
-        "has waited, at least (0: caught up; None: not known, or not reported by this worker).",
-    )
-    unknown_partitions: int | None = Field(
-        None,
-        description="Partitions of the change topic this worker should know about but has no figure for "
-        "(see /freshkey/consumer-lag); None: consumer progress not reported by this worker.",
-    )
-
-    @property
-    def violated(self) -> bool:
-        return self.status == "violated"
-
-
-@dataclass(slots=True)
-class _Slot:
-    start: float
-    counts: dict[int, int] = field(default_factory=dict)
-    n: int = 0
-    within_p99: int = 0
-    within_window: int = 0
-    max_ms: float = -math.inf
+__all__ = [
+    "SlaEvaluator",
+    "SlaState",
+    "SlaViolation",
+    "Status",
+    "TargetName",
+    "TargetState",
+    "format_ms",
+]
 
 
 class SlaEvaluator:
     """An :class:`~pipeline.observe.ApplyObserver` that judges the lag samples against the targets.
 
-    ``progress`` (the worker's :class:`ConsumerProgress` of the change topic) is what the ``backlog_age``
-    target judges; without it that target is ``no_data``. Its window must be the SLA's.
+    The lag figures come from the worker's lag sketch (:meth:`attach`, done by ``Observers.add``; until
+    then a sketch of its own, fed by nobody). ``progress`` (the worker's :class:`ConsumerProgress` of the
+    change topic) is what the ``backlog_age`` target judges; without it that target is ``no_data``. Its
+    window must be the SLA's.
 
-    ``clock`` returns seconds since the epoch (``time.time``); tests pass their own. Not thread-safe: the
-    worker feeds and evaluates it on its event loop.
+    ``clock`` returns seconds since the epoch (``time.time``); tests pass their own (the sketch's clock
+    should be the same). Not thread-safe: the worker feeds and evaluates it on its event loop.
     """
 
     def __init__(
@@ -169,8 +94,8 @@ class SlaEvaluator:
         self.heartbeat_namespace = heartbeat_namespace
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.clock = clock
-        self._slot_s = settings.evaluation_window_s / SLOTS
-        self._slots: deque[_Slot] = deque()
+        self.sketch = LagSketch(clock=clock)
+        self.attach(self.sketch)
         self._namespaces = frozenset(settings.namespaces)
         self._last_heartbeat_commit_ms: float | None = None
         started = self._now_ms()
@@ -187,52 +112,26 @@ class SlaEvaluator:
         return int(self.clock() * 1000)
 
     # -- ApplyObserver --------------------------------------------------------------------------------
-    def on_event(self, kind: str) -> None:
-        pass
+    def attach(self, sketch: LagSketch) -> None:
+        """Judge the lag samples of ``sketch``: its thresholds become exact bounds, its windows include
+        the evaluation window."""
+        sketch.require_exact(self.settings.p99_lag_ms, self.settings.window_ms)
+        sketch.add_window(self.settings.evaluation_window_s)
+        self.sketch = sketch
 
-    def on_outcome(self, tier: str, namespace: str, outcome: str) -> None:
-        pass
-
-    def on_applied(
-        self, namespace: str, op: str, lag_ms: float, *, coarse: bool, stages: Mapping[str, float]
-    ) -> None:
-        if coarse:
+    def on_batch(self, report: BatchReport) -> None:
+        """Only the heartbeat: when the newest applied beat was committed (precise lags only)."""
+        if self.heartbeat_namespace is None:
             return
-        if namespace == self.heartbeat_namespace:
-            self._last_heartbeat_commit_ms = max(
-                self._last_heartbeat_commit_ms or -math.inf, self.clock() * 1000 - lag_ms
-            )
-        if self._namespaces and namespace not in self._namespaces:
-            return
-        self.record(lag_ms)
+        lags = report.lags.get(self.heartbeat_namespace)
+        if lags is not None and len(lags):
+            committed = report.at * 1000 - float(lags.min())
+            self._last_heartbeat_commit_ms = max(self._last_heartbeat_commit_ms or -math.inf, committed)
 
-    def on_offset(self, topic: str, partition: int, offset: int) -> None:
-        pass
-
-    # -- samples and evaluation -----------------------------------------------------------------------
-    def record(self, lag_ms: float, *, at: float | None = None) -> None:
-        """Count one precise commit-to-cache lag, applied at ``at`` (default: now, from ``clock``)."""
-        now = self.clock() if at is None else at
-        slot = self._slots[-1] if self._slots else None
-        if slot is None or now >= slot.start + self._slot_s:
-            slot = _Slot(start=now - (now % self._slot_s))
-            self._slots.append(slot)
-            self._forget_before(now - self.settings.evaluation_window_s)
-        index = bucket_of(lag_ms)
-        slot.counts[index] = slot.counts.get(index, 0) + 1
-        slot.n += 1
-        slot.within_p99 += lag_ms <= self.settings.p99_lag_ms
-        slot.within_window += lag_ms <= self.settings.window_ms
-        slot.max_ms = max(slot.max_ms, lag_ms)
-
-    def _forget_before(self, horizon: float) -> None:
-        while self._slots and self._slots[0].start + self._slot_s <= horizon:
-            self._slots.popleft()
-
+    # -- evaluation -----------------------------------------------------------------------------------
     def evaluate(self) -> tuple[SlaState, list[SlaViolation]]:
         """Judge the window as of now; returns the new state and the transition events (0 or 1)."""
         now_ms = self._now_ms()
-        self._forget_before(now_ms / 1000 - self.settings.evaluation_window_s)
         self.state = self._evaluate_state(now_ms)
         events: list[SlaViolation] = []
         violated = tuple(t.name for t in self.state.targets if t.status == "violated")
@@ -304,22 +203,15 @@ class SlaEvaluator:
 
     def _evaluate_state(self, now_ms: int) -> SlaState:
         s = self.settings
-        counts: dict[int, int] = {}
-        n = within_p99 = within_window = 0
-        max_ms = -math.inf
-        for slot in self._slots:
-            for index, count in slot.counts.items():
-                counts[index] = counts.get(index, 0) + count
-            n += slot.n
-            within_p99 += slot.within_p99
-            within_window += slot.within_window
-            max_ms = max(max_ms, slot.max_ms)
-        p50 = quantile_from_buckets(counts, 0.5, max_ms=max_ms)
-        p99 = quantile_from_buckets(counts, P99, max_ms=max_ms)
-        fraction = within_window / n if n else None
+        reading = self.sketch.window(
+            LAG, self._namespaces or None, seconds=s.evaluation_window_s, now=now_ms / 1000
+        )
+        n = reading.n
+        p50, p99 = reading.quantile(P50), reading.quantile(P99)
+        fraction = reading.at_most(s.window_ms) / n if n else None
         window = f"last {s.evaluation_window_s:g} s"
         targets: list[TargetState] = []
-        if n == 0:
+        if n == 0 or p99 is None or fraction is None:
             targets.append(
                 self._target("p99_lag", "no_data", s.p99_lag_ms, None, "ms", f"no samples ({window})", now_ms)
             )
@@ -329,7 +221,8 @@ class SlaEvaluator:
                 )
             )
         else:
-            p99_ok = within_p99 >= math.ceil(P99 * n)
+            # Exact: the threshold is a bound of the sketch, and p99 <= threshold exactly when this holds.
+            p99_ok = reading.at_most(s.p99_lag_ms) >= rank(P99, n)
             targets.append(
                 self._target(
                     "p99_lag",
@@ -337,12 +230,11 @@ class SlaEvaluator:
                     s.p99_lag_ms,
                     p99,
                     "ms",
-                    f"p99 lag {p99:.1f} ms {'<=' if p99_ok else '>'} {s.p99_lag_ms:g} ms "
+                    f"p99 lag {format_ms(p99, s.p99_lag_ms)} {'<=' if p99_ok else '>'} {s.p99_lag_ms:g} ms "
                     f"({n} samples, {window})",
                     now_ms,
                 )
             )
-            assert fraction is not None
             window_ok = fraction >= s.window_fraction
             targets.append(
                 self._target(
@@ -372,8 +264,9 @@ class SlaEvaluator:
             samples=n,
             p50_ms=p50,
             p99_ms=p99,
-            max_ms=max_ms if n else None,
+            max_ms=reading.max if n else None,
             within_window_fraction=fraction,
+            window_end_ms=None if reading.end is None else reading.end * 1000,
             targets=tuple(targets),
             violations=self.violations,
             last_event=self.last_event,

@@ -1,98 +1,109 @@
 """What the worker has done: outcome counts, commit-to-cache lag, per-partition progress.
 
 Served as JSON by the worker (``/freshkey/stats``) so that ``freshkey demo`` and operators can read it.
+Every lag figure is read from the worker's :class:`~pipeline.observe.sketch.LagSketch`, the one the SLA
+and the dashboard read: each figure states its window (``window_s``; null: since the worker started),
+and the same window gives the same figure on every page (see the sketch's module docstring).
 """
 
 from __future__ import annotations
 
 import time
-from collections import Counter, deque
-from collections.abc import Iterable, Mapping
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from pipeline.observe.report import BatchReport
+from pipeline.observe.sketch import COARSE, LAG, STAGE, LagSketch, Reading, window_name
 
 
 @dataclass
 class WorkerStats:
-    max_samples: int = 1_000_000
+    """Counts and offsets of the worker, and the lag figures of its sketch (attached by ``Observers``).
+
+    ``snapshot()`` is the body of ``/freshkey/stats``::
+
+        {"uptime_s", "events", "outcomes", "offsets",
+         "lag_ms": {namespace: {"window_s": null, "samples", "p50", "p99", "max"}},  # since start
+         "coarse_lag_samples": {namespace: n}, "stages_ms": {stage: {...}},          # since start
+         "windows": {"last_10s": {"window_s": 10, "end": <unix s>, "lag_ms": {...}, # every namespace
+                                  "lag_ms_by_namespace": {...}, "stages_ms": {...}}, "last_60s": ...,
+                     "since_start": {...}}}
+
+    Percentiles are nearest-rank, at most 4.43 % high and never low (see the sketch).
+    """
+
+    clock: Callable[[], float] = time.time
     outcomes: Counter[str] = field(default_factory=Counter)
     events: Counter[str] = field(default_factory=Counter)
     offsets: dict[str, int] = field(default_factory=dict)
-    started_at: float = field(default_factory=time.time)
-    lag_ms: dict[str, deque[float]] = field(default_factory=dict)
-    coarse_lag_samples: Counter[str] = field(default_factory=Counter)
-    stages: dict[str, deque[float]] = field(default_factory=dict)
+    sketch: LagSketch = field(default_factory=LagSketch)
+    started_at: float = field(init=False)
 
-    def record_stage(self, stage: str, ms: float) -> None:
-        """Time spent in one stage of the path (connector clock in ms, so +-1 ms)."""
-        samples = self.stages.get(stage)
-        if samples is None:
-            samples = self.stages[stage] = deque(maxlen=self.max_samples)
-        samples.append(ms)
+    def __post_init__(self) -> None:
+        self.started_at = self.clock()
 
     # -- ApplyObserver --------------------------------------------------------------------------------
+    def attach(self, sketch: LagSketch) -> None:
+        self.sketch = sketch
+
     def on_event(self, kind: str) -> None:
         self.events[kind] += 1
 
-    def on_outcome(self, tier: str, namespace: str, outcome: str) -> None:
-        self.outcomes[f"{tier}:{outcome}"] += 1
-
-    def on_applied(
-        self, namespace: str, op: str, lag_ms: float, *, coarse: bool, stages: Mapping[str, float]
-    ) -> None:
-        self.record_lag(namespace, lag_ms, coarse=coarse)
-        for stage, ms in stages.items():
-            self.record_stage(stage, ms)
+    def on_batch(self, report: BatchReport) -> None:
+        self.events.update(report.events)
+        for (tier, _namespace, outcome), count in report.outcomes.items():
+            self.outcomes[f"{tier}:{outcome}"] += count
 
     def on_offset(self, topic: str, partition: int, offset: int) -> None:
         self.record_offset(topic, partition, offset)
 
     # -- records ------------------------------------------------------------------------------------------
-    def record_lag(self, namespace: str, lag_ms: float, *, coarse: bool) -> None:
-        """Commit-to-cache lag of one change; coarse ones (1 s binlog clock) are only counted."""
-        if coarse:
-            self.coarse_lag_samples[namespace] += 1
-            return
-        samples = self.lag_ms.get(namespace)
-        if samples is None:
-            samples = self.lag_ms[namespace] = deque(maxlen=self.max_samples)
-        samples.append(lag_ms)
-
     def record_offset(self, topic: str, partition: int, offset: int) -> None:
         key = f"{topic}/{partition}"
         if offset > self.offsets.get(key, -1):
             self.offsets[key] = offset
 
-    def snapshot(self) -> dict[str, Any]:
+    def window(self, seconds: float | None, *, now: float | None = None) -> dict[str, Any]:
+        """Every lag figure over the last ``seconds`` as of ``now`` (``None``: since start)."""
+        sketch = self.sketch
+        end = None if seconds is None else sketch.end(now)
+
+        def read(kind: str, names: list[str] | None = None) -> Reading:
+            if seconds is None:
+                return sketch.since_start(kind, names)
+            return sketch.window(kind, names, seconds=seconds, now=end)
+
         return {
-            "uptime_s": time.time() - self.started_at,
-            "events": dict(self.events),
-            "outcomes": dict(self.outcomes),
-            "lag_ms": {ns: summarize(samples) for ns, samples in self.lag_ms.items()},
-            "coarse_lag_samples": dict(self.coarse_lag_samples),
-            "stages_ms": {stage: summarize(samples) for stage, samples in self.stages.items()},
-            "offsets": dict(self.offsets),
+            "window_s": seconds,
+            "end": end,
+            "lag_ms": read(LAG).summary(),
+            "lag_ms_by_namespace": {
+                ns: reading.summary() for ns in sketch.names(LAG) if (reading := read(LAG, [ns])).n
+            },
+            "coarse_lag_samples": read(COARSE).n,
+            "stages_ms": {
+                stage: reading.summary()
+                for stage in sketch.names(STAGE)
+                if (reading := read(STAGE, [stage])).n
+            },
         }
 
-
-def percentile(sorted_values: list[float], q: float) -> float:
-    """Linear-interpolated percentile (numpy's default) of already sorted values."""
-    if not sorted_values:
-        raise ValueError("no values")
-    rank = (len(sorted_values) - 1) * q / 100
-    low = int(rank)
-    high = min(low + 1, len(sorted_values) - 1)
-    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (rank - low)
-
-
-def summarize(samples: Iterable[float]) -> dict[str, float | int | None]:
-    """p50, p99, max and count of lag samples (ms)."""
-    values = sorted(samples)
-    if not values:
-        return {"p50": None, "p99": None, "max": None, "samples": 0}
-    return {
-        "p50": percentile(values, 50),
-        "p99": percentile(values, 99),
-        "max": values[-1],
-        "samples": len(values),
-    }
+    def snapshot(self, *, now: float | None = None) -> dict[str, Any]:
+        now = self.clock() if now is None else now
+        since_start = self.window(None)
+        windows = {window_name(s): self.window(s, now=now) for s in self.sketch.windows_s}
+        windows["since_start"] = since_start
+        return {
+            "uptime_s": now - self.started_at,
+            "events": dict(self.events),
+            "outcomes": dict(self.outcomes),
+            "lag_ms": since_start["lag_ms_by_namespace"],
+            "coarse_lag_samples": {
+                ns: n for ns in self.sketch.names(COARSE) if (n := self.sketch.since_start(COARSE, [ns]).n)
+            },
+            "stages_ms": since_start["stages_ms"],
+            "windows": windows,
+            "offsets": dict(self.offsets),
+        }

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from pipeline import telemetry
+from schemas import metrics
 from schemas.metrics import PROMETHEUS_METRIC_NAMES
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -31,7 +31,7 @@ DASHBOARDS = sorted((GRAFANA / "dashboards").glob("*.json"))
 DATASOURCES = GRAFANA / "provisioning" / "datasources" / "prometheus.yml"
 
 EXPORTED_LABELS = frozenset(
-    str(getattr(telemetry, name)).replace(".", "_") for name in dir(telemetry) if name.startswith("ATTR_")
+    str(getattr(metrics, name)).replace(".", "_") for name in dir(metrics) if name.startswith("ATTR_")
 )
 """Labels the code attaches: OpenTelemetry attribute keys, with dots as Prometheus writes them."""
 ADDED_LABELS = frozenset(

@@ -11,27 +11,27 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader, NumberDataPoint
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader, NumberDataPoint
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client import CollectorRegistry
 
 from cache_writer import CacheAction
 from pipeline.embedded import free_port
-from pipeline.observe import STAGE_PLAN, STAGE_TRANSPORT
-from pipeline.observe.otel import (
-    OtelObserver,
-    TelemetryError,
-    _outcomes_by_action,
-    configure_telemetry,
-    key_hash,
-)
+from pipeline.observe import STAGE_PLAN, STAGE_TRANSPORT, BatchReport, Observers, Repeated
+from pipeline.observe.otel import OtelObserver, TelemetryError, configure_telemetry, key_hash
 from pipeline.observe.progress import ConsumerProgress
+from pipeline.observe.sketch import LagSketch
 from pipeline.observe.sla import SlaEvaluator
+from pipeline.observe.traces import _outcomes_by_action
 from pipeline.settings import SlaSettings, TelemetrySettings
-from schemas.metrics import LAG_BUCKETS_MS, PROMETHEUS_METRIC_NAMES
+from schemas.metrics import PROMETHEUS_METRIC_NAMES
+
+T0 = 1_800_000_000.0
 
 
 def points(reader: InMemoryMetricReader) -> dict[str, list[Any]]:
@@ -46,17 +46,35 @@ def points(reader: InMemoryMetricReader) -> dict[str, list[Any]]:
     return found
 
 
+def histograms(registry: CollectorRegistry) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    """``{sample name: {sorted labels (without the scope ones): value}}`` of the registry's histograms."""
+    found: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in registry.collect():
+        if family.type != "histogram":
+            continue
+        for sample in family.samples:
+            labels = tuple(sorted((k, v) for k, v in sample.labels.items() if not k.startswith("otel_scope")))
+            found.setdefault(sample.name, {})[labels] = sample.value
+    return found
+
+
 def test_instruments_and_their_attributes() -> None:
     reader = InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[reader])
-    otel = OtelObserver(meter=provider.get_meter("freshkey"))
-    otel.on_event("u")
-    otel.on_event("dead_lettered")
-    otel.on_outcome("redis", "assets", "applied")
-    otel.on_outcome("redis", "assets", "not_newer")
-    otel.on_outcome("redis", "assets", "applied")
-    otel.on_applied("assets", "u", 42.0, coarse=False, stages={STAGE_TRANSPORT: 3.0, STAGE_PLAN: 0.2})
-    otel.on_applied("assets", "u", -5.0, coarse=True, stages={})
+    registry = CollectorRegistry()
+    otel = OtelObserver(meter=provider.get_meter("freshkey"), registry=registry)
+    observers = Observers([otel])
+    observers.on_event("dead_lettered")
+    observers.on_batch(
+        BatchReport(
+            at=T0,
+            events={"u": 2},
+            outcomes={("redis", "assets", "applied"): 2, ("redis", "assets", "not_newer"): 1},
+            lags={"assets": np.array([42.0])},
+            coarse_lags={"assets": np.array([-5.0])},
+            stages={STAGE_TRANSPORT: np.array([3.0, 4.0]), STAGE_PLAN: Repeated(0.2, 2)},
+        )
+    )
     otel.on_leases_voided(2, namespace="assets")
     otel.on_offset("changes", 0, 9)
     otel.on_offset("changes", 1, 4)
@@ -65,25 +83,25 @@ def test_instruments_and_their_attributes() -> None:
     provider.shutdown()
 
     events = {p.attributes["kind"]: p.value for p in found["freshkey.events"]}
-    assert events == {"u": 1, "dead_lettered": 1}
+    assert events == {"u": 2, "dead_lettered": 1}
     outcomes = {
         (p.attributes["tier"], p.attributes["namespace"], p.attributes["outcome"]): p.value
         for p in found["freshkey.cache.outcomes"]
     }
     assert outcomes == {("redis", "assets", "applied"): 2, ("redis", "assets", "not_newer"): 1}
+    assert "freshkey.lag" not in found, "the lag histograms are the sketch's, not OpenTelemetry instruments"
 
-    lag = {p.attributes["coarse"]: p for p in found["freshkey.lag"]}
-    precise = lag[False]
-    assert isinstance(precise, HistogramDataPoint)
-    assert tuple(precise.explicit_bounds) == LAG_BUCKETS_MS
-    assert (
-        precise.count == 1
-        and precise.sum == 42.0
-        and dict(precise.attributes or {}) == {"namespace": "assets", "coarse": False}
-    )
-    assert lag[True].sum == 0.0, "a negative lag (clock skew) is recorded as 0"
-    stages = {p.attributes["stage"]: p.sum for p in found["freshkey.stage.duration"]}
-    assert stages == {STAGE_TRANSPORT: 3.0, STAGE_PLAN: 0.2}
+    series = histograms(registry)
+    precise = (("coarse", "false"), ("namespace", "assets"))
+    assert series["freshkey_lag_milliseconds_count"][precise] == 1
+    assert series["freshkey_lag_milliseconds_sum"][precise] == 42.0
+    assert series["freshkey_lag_milliseconds_bucket"][(*precise[:1], ("le", "20"), precise[1])] == 0
+    assert series["freshkey_lag_milliseconds_bucket"][(*precise[:1], ("le", "50"), precise[1])] == 1
+    coarse = (("coarse", "true"), ("namespace", "assets"))
+    assert series["freshkey_lag_milliseconds_count"][coarse] == 1
+    assert series["freshkey_lag_milliseconds_sum"][coarse] == 0.0, "a negative lag (clock skew) sums as 0"
+    stage_sums = {dict(k)["stage"]: v for k, v in series["freshkey_stage_duration_milliseconds_sum"].items()}
+    assert stage_sums == {STAGE_TRANSPORT: 7.0, STAGE_PLAN: pytest.approx(0.4)}
     assert [(dict(p.attributes), p.value) for p in found["freshkey.leases.voided"]] == [
         ({"namespace": "assets"}, 2)
     ]
@@ -97,6 +115,24 @@ def test_instruments_and_their_attributes() -> None:
     }
     assert consumer_lag == {("changes", "0"): 5, ("changes", "1"): 0}
     assert otel.consumer_lag() == {("changes", 0): 5, ("changes", 1): 0}
+
+
+def test_counters_are_added_once_per_batch_and_kind_with_attributes_built_once() -> None:
+    calls: list[tuple[int, int]] = []
+
+    class Counter:
+        def add(self, amount: int, attributes: Any) -> None:
+            calls.append((amount, id(attributes)))
+
+    otel = OtelObserver(meter=MeterProvider().get_meter("freshkey"))
+    otel.events = otel.outcomes = Counter()  # type: ignore[assignment]
+    report = BatchReport(
+        at=T0, events={"u": 500, "change_applied": 500}, outcomes={("redis", "a", "applied"): 500}
+    )
+    otel.on_batch(report)
+    otel.on_batch(report)
+    assert [amount for amount, _ in calls] == [500] * 6, "three adds per batch, whatever its size"
+    assert calls[:3] == calls[3:], "the same attribute objects each time"
 
 
 def test_consumer_gauges_from_progress_show_unknown_partitions_as_unknown_never_as_zero() -> None:
@@ -138,10 +174,10 @@ def test_sla_gauges_and_violation_counter() -> None:
     sla = SlaEvaluator(SlaSettings(evaluation_window_s=10), clock=lambda: now[0])
     otel.watch_sla(lambda: sla.state)
     assert points(reader).get("freshkey.sla.violated", []) == [], "nothing to report before any sample"
-    for _ in range(99):
-        sla.on_applied("ns", "u", 10.0, coarse=False, stages={})
-    sla.on_applied("ns", "u", 5000.0, coarse=False, stages={})
-    sla.on_applied("ns", "u", 5000.0, coarse=False, stages={})
+    Observers([sla], sketch=LagSketch(clock=lambda: now[0])).on_batch(
+        BatchReport(at=now[0], lags={"ns": np.array([10.0] * 99 + [5000.0, 5000.0])})
+    )
+    now[0] += 1
     _, events = sla.evaluate()
     for event in events:
         otel.on_sla_event(event)
@@ -176,17 +212,26 @@ def test_prometheus_endpoint_serves_the_listed_names() -> None:
     )
     try:
         assert telemetry.prometheus_port == port
-        otel = OtelObserver(meter=telemetry.meter_provider.get_meter("freshkey"))
-        sla = SlaEvaluator(SlaSettings(), clock=lambda: 1_800_000_000.0)
+        otel = OtelObserver(meter=telemetry.meter_provider.get_meter("freshkey"), registry=telemetry.registry)
+        now = [T0]
+        sla = SlaEvaluator(SlaSettings(), clock=lambda: now[0])
         otel.watch_sla(lambda: sla.state)
-        sla.on_applied("ns", "u", 9000.0, coarse=False, stages={})
+        observers = Observers([sla, otel], sketch=LagSketch(clock=lambda: now[0]))
+        observers.on_batch(BatchReport(at=T0, lags={"ns": np.array([9000.0])}))
+        now[0] += 1
         for event in sla.evaluate()[1]:
             otel.on_sla_event(event)
-        otel.on_event("c")
-        otel.on_outcome("redis", "assets", "tombstoned")
-        otel.on_applied("assets", "c", 12.5, coarse=False, stages={STAGE_PLAN: 0.3})
+        observers.on_event("c")
+        observers.on_batch(
+            BatchReport(
+                at=T0,
+                outcomes={("redis", "assets", "tombstoned"): 1},
+                lags={"assets": np.array([12.5])},
+                stages={STAGE_PLAN: Repeated(0.3, 1)},
+            )
+        )
         otel.on_leases_voided()
-        otel.on_offset("changes", 0, 1)
+        observers.on_offset("changes", 0, 1)
         otel.set_high_watermarks("changes", {0: 4})
         progress = ConsumerProgress("changes", partitions=2)
         progress.set_assignment({0, 1})
@@ -216,16 +261,16 @@ def test_connector_metrics_through_the_global_api_in_a_fresh_process() -> None:
         import urllib.request
         from pipeline.settings import TelemetrySettings
         from pipeline.observe.otel import configure_telemetry
-        from connectors import runner
+        from connectors.metrics import CONNECTOR_METRICS as m
         settings = TelemetrySettings(connector_prometheus_port={port})
         first = configure_telemetry(settings, service="connector")
         assert configure_telemetry(settings, service="connector") is first
-        runner._ack_latency.record(3.0)
-        runner._checkpoint_age.append(lambda: 1.5)
-        runner._retries.add(1, {{"cause": "database"}})
-        runner._oversize.add(1)
-        runner._gaps.add(1)
-        runner._connected.append(lambda: 1)
+        m.ack_latency.record(3.0)
+        m.checkpoint_ages.append(lambda: 1.5)
+        m.retried("database")
+        m.oversize.add(1)
+        m.gaps.add(1)
+        m.connection_states.append(lambda: 1)
         with urllib.request.urlopen("http://127.0.0.1:{port}/metrics", timeout=5) as response:
             print(response.read().decode())
         """
@@ -299,6 +344,14 @@ class _Planned:
     actions: list[CacheAction] = field(default_factory=list)
 
 
+def applied(tier_outcomes: dict[str, list[str]]) -> BatchReport:
+    """A batch report with each tier's outcomes in sending order, acknowledged now."""
+    now = time.time()
+    return BatchReport(
+        at=now, tier_outcomes=tier_outcomes, tier_done_ms=dict.fromkeys(tier_outcomes, now * 1000)
+    )
+
+
 def test_sampled_changes_are_traced_with_a_key_hash_version_and_outcome() -> None:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
@@ -326,9 +379,7 @@ def test_sampled_changes_are_traced_with_a_key_hash_version_and_outcome() -> Non
         [update, insert], received_ms=commit_us / 1000 + 5, planned_ms=commit_us / 1000 + 6
     ):
         # ChangeProcessor.apply's order: invalidations, then writes, each in batch order.
-        otel.on_outcome("redis", "assets", "tombstoned")
-        otel.on_outcome("redis", "assets", "applied")
-        otel.on_outcome("redis", "assets", "not_newer")
+        otel.on_batch(applied({"redis": ["tombstoned", "applied", "not_newer"]}))
     spans = exporter.get_finished_spans()
     meters.shutdown()
     by_name: dict[str, list[Any]] = {}
@@ -367,7 +418,7 @@ def test_sampled_changes_are_traced_with_a_key_hash_version_and_outcome() -> Non
 
     exporter.clear()
     with otel.trace_batch([insert], received_ms=0, planned_ms=0):  # counter at 3: not sampled
-        otel.on_outcome("redis", "assets", "applied")
+        otel.on_batch(applied({"redis": ["applied"]}))
     assert exporter.get_finished_spans() == ()
     provider.shutdown()
 
@@ -378,8 +429,8 @@ def test_without_an_sdk_tracer_provider_tracing_records_nothing() -> None:
     otel = OtelObserver(meter=meters.get_meter("freshkey"), trace_sample_every=1)
     planned = _Planned(_Binding("a"), _Event("c", 1), [CacheAction("write", "k", 1, 1, b"v")])
     with otel.trace_batch([planned], received_ms=0, planned_ms=0):
-        otel.on_outcome("redis", "a", "applied")
-    assert otel._batch is None
+        otel.on_batch(applied({"redis": ["applied"]}))
+    assert otel.tracer._batch is None
     meters.shutdown()
 
 

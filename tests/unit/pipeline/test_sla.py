@@ -1,25 +1,30 @@
-"""The SLA evaluator: percentiles from buckets within the documented bound, transitions, sliding window."""
+"""The SLA evaluator: figures from the lag sketch within its bound, exact decisions that agree with the
+figures printed, transitions, sliding window (whole seconds), the heartbeat and backlog targets."""
 
 from __future__ import annotations
 
-import itertools
 import math
 import random
 from pathlib import Path
 
+import numpy as np
 import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pipeline.agents.sla import TICK_AFTER_S, until_next_tick
+from pipeline.observe import BatchReport, Observers
 from pipeline.observe.progress import ConsumerProgress
-from pipeline.observe.sketch import BOUNDS, BUCKETS, GROWTH, MIN_BUCKET_MS, bucket_of, quantile_from_buckets
-from pipeline.observe.sla import SlaEvaluator, SlaState, SlaViolation
+from pipeline.observe.sketch import GROWTH, rank
+from pipeline.observe.sla import SlaEvaluator, SlaState, SlaViolation, format_ms
 from pipeline.settings import SlaSettings
+
+T0 = 1_800_000_000.0
 
 
 class Clock:
-    def __init__(self, start: float = 1_800_000_000.0) -> None:
+    def __init__(self, start: float = T0) -> None:
         self.now = start
 
     def __call__(self) -> float:
@@ -28,10 +33,14 @@ class Clock:
     def advance(self, seconds: float) -> None:
         self.now += seconds
 
+    def settle(self) -> None:
+        """To the start of the next second: the seconds recorded so far are in the windows."""
+        self.now = math.floor(self.now) + 1.0
+
 
 def nearest_rank(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    return ordered[max(1, math.ceil(q * len(ordered))) - 1]
+    return ordered[rank(q, len(ordered)) - 1]
 
 
 def evaluator(clock: Clock, **overrides: object) -> SlaEvaluator:
@@ -39,36 +48,21 @@ def evaluator(clock: Clock, **overrides: object) -> SlaEvaluator:
     return SlaEvaluator(SlaSettings(**{**base, **overrides}), worker="w1", clock=clock)  # type: ignore[arg-type]
 
 
-def feed(ev: SlaEvaluator, clock: Clock, lags: list[float], *, spread_s: float = 0.0) -> None:
-    for lag in lags:
-        ev.on_applied("ns", "u", lag, coarse=False, stages={})
-        clock.advance(spread_s / max(len(lags), 1))
-
-
-def test_bucket_bounds_grow_by_the_documented_ratio() -> None:
-    assert BOUNDS[0] == MIN_BUCKET_MS and len(BOUNDS) == BUCKETS
-    assert all(math.isclose(b / a, GROWTH) for a, b in itertools.pairwise(BOUNDS))
-    assert bucket_of(BOUNDS[5]) == 5, "a bound belongs to the bucket it closes"
-    assert bucket_of(BOUNDS[5] * 1.000001) == 6
-    assert bucket_of(-3.0) == 0 and bucket_of(1e12) == BUCKETS
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    values=st.lists(st.floats(min_value=0.2, max_value=100_000, allow_nan=False), min_size=1, max_size=400),
-    q=st.sampled_from([0.5, 0.9, 0.99, 0.999]),
-)
-def test_quantile_from_buckets_is_never_low_and_at_most_4_43_percent_high(
-    values: list[float], q: float
+def report(
+    ev: SlaEvaluator, clock: Clock, lags: list[float], *, namespace: str = "ns", coarse: bool = False
 ) -> None:
-    counts: dict[int, int] = {}
-    for v in values:
-        counts[bucket_of(v)] = counts.get(bucket_of(v), 0) + 1
-    exact = nearest_rank(values, q)
-    estimate = quantile_from_buckets(counts, q, max_ms=max(values))
-    assert estimate is not None
-    assert exact <= estimate < exact * GROWTH
-    assert GROWTH - 1 < 0.0443
+    """One applied batch at the clock's time, through the worker's fan-out (it feeds the sketch)."""
+    batch = {namespace: np.array(lags, dtype=np.float64)}
+    Observers([ev], sketch=ev.sketch).on_batch(
+        BatchReport(at=clock(), coarse_lags=batch) if coarse else BatchReport(at=clock(), lags=batch)
+    )
+
+
+def feed(ev: SlaEvaluator, clock: Clock, lags: list[float], *, spread_s: float = 0.0) -> None:
+    """One change per batch, spread over ``spread_s``."""
+    for lag in lags:
+        report(ev, clock, [lag])
+        clock.advance(spread_s / max(len(lags), 1))
 
 
 def test_p99_of_a_realistic_distribution_against_the_exact_one() -> None:
@@ -77,6 +71,7 @@ def test_p99_of_a_realistic_distribution_against_the_exact_one() -> None:
     ev = evaluator(clock, evaluation_window_s=60.0)
     values = [rng.lognormvariate(3, 0.8) for _ in range(20_000)]
     feed(ev, clock, values, spread_s=30)
+    clock.settle()
     state, _ = ev.evaluate()
     exact = nearest_rank(values, 0.99)
     assert state.samples == len(values)
@@ -84,19 +79,51 @@ def test_p99_of_a_realistic_distribution_against_the_exact_one() -> None:
     assert state.max_ms == max(values)
 
 
-def test_the_p99_decision_is_exact_at_the_threshold() -> None:
+def test_the_p99_decision_is_exact_at_the_threshold_and_the_printed_p99_agrees() -> None:
     clock = Clock()
     ev = evaluator(clock)
-    feed(ev, clock, [10.0] * 99 + [200.0])  # p99 (nearest rank) is exactly the threshold: met
+    report(ev, clock, [10.0] * 98 + [200.0] * 2)  # the 99th of 100 is exactly the threshold: met
+    clock.settle()
     state, events = ev.evaluate()
+    p99 = {t.name: t for t in state.targets}["p99_lag"]
     assert state.status == "ok" and not events
-    feed(ev, clock, [10.0] * 98 + [250.0] * 2)  # 2 of 200 above: the 198th of 200 is still 200.0
+    assert state.p99_ms == p99.measured == 200.0, "reported at the threshold, not at a bucket above it"
+    assert p99.detail.startswith("p99 lag 200.0 ms <= 200 ms (100 samples")
+    report(ev, clock, [10.0] * 98 + [250.0] * 2)  # 2 of 200 above: the 198th of 200 is still 200.0
+    clock.settle()
     state, events = ev.evaluate()
-    assert state.status == "ok" and not events
-    feed(ev, clock, [250.0])  # 3 of 201 above: the 199th of 201 is 250.0
+    assert state.status == "ok" and not events and state.p99_ms == 200.0
+    report(ev, clock, [200.0004])  # 3 of 201 above: the 199th of 201 is 200.0004
+    clock.settle()
     state, events = ev.evaluate()
-    assert {t.name: t.status for t in state.targets}["p99_lag"] == "violated"
+    p99 = {t.name: t for t in state.targets}["p99_lag"]
+    assert p99.status == "violated" and state.p99_ms is not None and 200.0 < state.p99_ms <= 250.0
     assert [e.violated for e in events] == [("p99_lag",)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    lags=st.lists(st.floats(min_value=0, max_value=400, allow_nan=False), min_size=1, max_size=200),
+    threshold=st.sampled_from([200.0, 137.3, 50.0]),
+)
+def test_the_decision_and_the_printed_p99_never_disagree(lags: list[float], threshold: float) -> None:
+    clock = Clock()
+    ev = evaluator(clock, p99_lag_ms=threshold)
+    report(ev, clock, lags)
+    clock.settle()
+    state, _ = ev.evaluate()
+    p99 = {t.name: t for t in state.targets}["p99_lag"]
+    assert p99.measured is not None and state.p99_ms == p99.measured
+    assert (p99.status == "ok") == (p99.measured <= threshold) == (nearest_rank(lags, 0.99) <= threshold)
+    printed = float(p99.detail.split()[2])
+    assert (printed <= threshold) == (p99.status == "ok"), p99.detail
+
+
+def test_format_ms_keeps_the_comparison() -> None:
+    assert format_ms(200.0, 200.0) == "200.0 ms" and format_ms(12.34) == "12.3 ms"
+    assert format_ms(200.04, 200.0) == "200.04 ms" and format_ms(200.0004, 200.0) == "200.0004 ms"
+    assert format_ms(199.96, 200.0) == "200.0 ms", "rounded up to the line: still reads as met, as it is"
+    assert format_ms(200.00000001, 200.0) == "200.00000001 ms"
 
 
 def test_a_burst_of_slow_samples_emits_one_violation_then_one_recovery() -> None:
@@ -109,6 +136,7 @@ def test_a_burst_of_slow_samples_emits_one_violation_then_one_recovery() -> None
         events += ev.evaluate()[1]
     assert ev.state.status == "ok" and events == []
 
+    clock.settle()  # (sums of 0.01 s drift below the whole second)
     feed(ev, clock, [1800.0] * 30, spread_s=0.3)  # a stall: 30 changes 1.8 s late
     for _ in range(30):  # 3 s in violation: evaluated again and again, still one event
         feed(ev, clock, [15.0] * 10, spread_s=0.1)
@@ -131,16 +159,20 @@ def test_a_burst_of_slow_samples_emits_one_violation_then_one_recovery() -> None
     assert ev.state.status == "ok" and ev.state.violations == 1
 
 
-def test_the_window_slides_and_forgets_old_samples() -> None:
+def test_the_window_slides_over_whole_seconds_and_forgets_old_samples() -> None:
     clock = Clock()
     ev = evaluator(clock, evaluation_window_s=6.0)
-    feed(ev, clock, [5000.0] * 5)
-    assert ev.evaluate()[0].samples == 5
-    clock.advance(5.8)
-    feed(ev, clock, [10.0] * 3)
+    report(ev, clock, [5000.0] * 5)
+    assert ev.evaluate()[0].samples == 0, "the current second is not in the window yet"
+    clock.settle()
+    state, _ = ev.evaluate()
+    assert state.samples == 5 and state.window_end_ms == (T0 + 1) * 1000
+    clock.advance(4.5)
+    report(ev, clock, [10.0] * 3)
+    clock.settle()
     state, _ = ev.evaluate()
     assert state.samples == 8 and state.max_ms == 5000.0
-    clock.advance(6.0 / 60 + 0.3)  # past window + one slot: the first five are gone
+    clock.advance(1.0)  # six whole seconds after the first five: gone
     state, _ = ev.evaluate()
     assert state.samples == 3 and state.max_ms == 10.0 and state.status == "ok"
     clock.advance(7.0)
@@ -148,22 +180,24 @@ def test_the_window_slides_and_forgets_old_samples() -> None:
     assert state.samples == 0 and state.status == "no_data" and state.p99_ms is None
 
 
-def test_memory_is_bounded_by_slots_and_buckets() -> None:
+def test_memory_is_bounded_by_the_sketch() -> None:
     clock = Clock()
     ev = evaluator(clock, evaluation_window_s=1.0)
-    for i in range(50_000):
-        ev.on_applied("ns", "u", float(i % 5000), coarse=False, stages={})
-        clock.advance(0.001)
-    assert len(ev._slots) <= 61, "old slots are dropped as new ones open, even without evaluating"
-    assert all(len(s.counts) <= BUCKETS + 1 for s in ev._slots)
+    for i in range(500):
+        report(ev, clock, [float(j % 5000) for j in range(i * 100, i * 100 + 100)])
+        clock.advance(0.1)
+    assert len(ev.sketch.seconds()) <= ev.sketch.retention_s + 1
+    cells = [c for slot in ev.sketch._slots for c in slot.cells.values()]
+    assert all(len(c.counts) <= ev.sketch.scheme.size for c in cells)
 
 
 def test_coarse_samples_and_other_namespaces_do_not_count() -> None:
     clock = Clock()
     ev = evaluator(clock, namespaces=("ns",))
-    ev.on_applied("ns", "u", 5000.0, coarse=True, stages={})
-    ev.on_applied("other", "u", 5000.0, coarse=False, stages={})
-    ev.on_applied("ns", "u", 20.0, coarse=False, stages={})
+    report(ev, clock, [5000.0], coarse=True)
+    report(ev, clock, [5000.0], namespace="other")
+    report(ev, clock, [20.0])
+    clock.settle()
     state, _ = ev.evaluate()
     assert state.samples == 1 and state.status == "ok"
 
@@ -171,14 +205,21 @@ def test_coarse_samples_and_other_namespaces_do_not_count() -> None:
 def test_consistency_window_fraction() -> None:
     clock = Clock()
     ev = evaluator(clock, window_fraction=0.9, p99_lag_ms=10_000.0)
-    feed(ev, clock, [100.0] * 9 + [1600.0])
+    feed(ev, clock, [100.0] * 9 + [1500.0])
+    clock.settle()
     state, events = ev.evaluate()
     window = {t.name: t for t in state.targets}["consistency_window"]
-    assert window.status == "ok" and window.measured == pytest.approx(0.9) and not events
+    assert window.status == "ok" and window.measured == 1.0 and not events, "1500 ms is within 1500 ms"
     feed(ev, clock, [1600.0])
+    clock.settle()
     state, events = ev.evaluate()
     window = {t.name: t for t in state.targets}["consistency_window"]
-    assert window.status == "violated" and window.measured == pytest.approx(9 / 11)
+    assert window.status == "ok" and window.measured == pytest.approx(10 / 11) and not events
+    feed(ev, clock, [1600.0])
+    clock.settle()
+    state, events = ev.evaluate()
+    window = {t.name: t for t in state.targets}["consistency_window"]
+    assert window.status == "violated" and window.measured == pytest.approx(10 / 12)
     assert [e.violated for e in events] == [("consistency_window",)]
     assert state.violations == 1 and state.last_event == events[0], "the transition's state counts it"
 
@@ -189,7 +230,7 @@ def test_an_overdue_heartbeat_is_a_violation_while_the_pipeline_is_stalled() -> 
     ev = SlaEvaluator(settings, heartbeat_namespace="hb", heartbeat_interval_ms=500.0, clock=clock)
     assert {t.name: t.status for t in ev.evaluate()[0].targets}["heartbeat"] == "no_data"
     for _ in range(4):
-        ev.on_applied("hb", "u", 20.0, coarse=False, stages={})
+        report(ev, clock, [20.0], namespace="hb")
         clock.advance(0.5)
         assert ev.evaluate()[0].status == "ok"
     clock.advance(1.4)  # last beat committed 1.92 s ago: the next one is waiting 1.42 s
@@ -199,9 +240,15 @@ def test_an_overdue_heartbeat_is_a_violation_while_the_pipeline_is_stalled() -> 
     heartbeat = {t.name: t for t in state.targets}["heartbeat"]
     assert heartbeat.status == "violated" and heartbeat.measured == pytest.approx(1620.0, abs=1)
     assert [e.violated for e in events] == [("heartbeat",)]
-    ev.on_applied("hb", "u", 1700.0, coarse=False, stages={})  # the late beat arrives
+    report(ev, clock, [1700.0], namespace="hb")  # the late beat arrives
     state, events = ev.evaluate()
     assert {t.name: t.status for t in state.targets}["heartbeat"] == "ok"
+    clock.advance(0.3)
+    report(ev, clock, [20.0], namespace="hb")  # and the next one on time
+    clock.settle()
+    state, events = ev.evaluate()
+    targets = {t.name: t.status for t in state.targets}
+    assert targets["heartbeat"] == "ok" and targets["consistency_window"] == "violated"
     assert state.status == "violated", "the late beat itself broke the consistency window"
 
 
@@ -209,6 +256,7 @@ def test_state_and_events_are_json() -> None:
     clock = Clock()
     ev = evaluator(clock)
     feed(ev, clock, [5000.0])
+    clock.settle()
     state, events = ev.evaluate()
     assert SlaState.model_validate(orjson.loads(orjson.dumps(state.model_dump(mode="json")))) == state
     assert SlaViolation.model_validate(orjson.loads(events[0].to_json())) == events[0]
@@ -267,6 +315,7 @@ def test_sla_command_prints_writes_json_and_exits_1_when_violated(
     clock = Clock()
     ev = evaluator(clock)
     feed(ev, clock, [lag] * 5)
+    clock.settle()
     state, _ = ev.evaluate()
     server = _SlaServer(state)
     app = typer.Typer()
@@ -279,6 +328,40 @@ def test_sla_command_prints_writes_json_and_exits_1_when_violated(
     assert result.exit_code == exit_code, result.output
     assert "p99_lag" in result.output and status in result.output
     assert SlaState.model_validate(orjson.loads(out.read_bytes())) == state
+
+
+def test_sla_command_prints_the_p99_at_the_threshold_as_met_and_just_above_it_as_violated() -> None:
+    import typer
+    from typer.testing import CliRunner
+
+    from pipeline.commands.sla import sla
+
+    app = typer.Typer()
+    app.command()(sla)
+    outputs = []
+    for tail, exit_code in (([200.0, 200.0], 0), ([200.0004, 200.0004], 1)):
+        clock = Clock()
+        ev = evaluator(clock)
+        report(ev, clock, [10.0] * 98 + tail)
+        clock.settle()
+        state, _ = ev.evaluate()
+        server = _SlaServer(state)
+        try:
+            result = CliRunner().invoke(app, ["--url", server.url])
+        finally:
+            server.close()
+        assert result.exit_code == exit_code, result.output
+        outputs.append(" ".join(result.output.split()))
+    assert "p50 10.0 ms, p99 200.0 ms, max 200.0 ms" in outputs[0], outputs[0]
+    assert "p50 10.0 ms, p99 200.0004 ms, max 200.0004 ms" in outputs[1], outputs[1]
+    assert "lag over the last 10 s to 2027-01-15 08:00:01 UTC:" in outputs[0], "the window is stated"
+
+
+def test_evaluations_tick_just_after_each_whole_interval() -> None:
+    assert until_next_tick(T0 + 0.3, 1.0) == pytest.approx(0.7 + TICK_AFTER_S)
+    assert until_next_tick(T0, 1.0) == pytest.approx(1.0 + TICK_AFTER_S)
+    assert until_next_tick(T0 + 0.3, 0.25) == pytest.approx(0.2 + TICK_AFTER_S)
+    assert until_next_tick(T0 + 1.2, 5.0) == pytest.approx(3.8 + TICK_AFTER_S)
 
 
 def test_sla_command_without_a_worker_exits_2() -> None:

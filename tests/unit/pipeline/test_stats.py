@@ -1,106 +1,113 @@
-"""pipeline.observe.stats: percentiles (numpy's default linear interpolation), summaries, lag and offsets."""
+"""pipeline.observe.stats: counts, offsets, and lag figures read from the sketch with their windows."""
 
 from __future__ import annotations
 
+import random
+
+import numpy as np
 import pytest
 
-from pipeline.observe.stats import WorkerStats, percentile, summarize
+from pipeline.observe import BatchReport, Observers, Repeated
+from pipeline.observe.sketch import GROWTH, LagSketch, rank
+from pipeline.observe.stats import WorkerStats
 
-# Expected values computed by hand with numpy's default ("linear") method:
-# rank = (n - 1) * q / 100; result = v[floor(rank)] + (v[floor(rank) + 1] - v[floor(rank)]) * frac(rank).
-
-
-@pytest.mark.parametrize(
-    ("values", "q", "expected"),
-    [
-        ([10.0], 0, 10.0),
-        ([10.0], 50, 10.0),
-        ([10.0], 99, 10.0),
-        ([10.0], 100, 10.0),
-        ([1.0, 2.0, 3.0, 4.0], 0, 1.0),
-        ([1.0, 2.0, 3.0, 4.0], 50, 2.5),  # rank 1.5
-        ([1.0, 2.0, 3.0, 4.0], 99, 3.97),  # rank 2.97 -> 3 + 0.97
-        ([1.0, 2.0, 3.0, 4.0], 100, 4.0),
-        ([1.0, 3.0], 25, 1.5),  # rank 0.25
-        ([15.0, 20.0, 35.0, 40.0, 50.0], 40, 29.0),  # rank 1.6 -> 20 + 15 * 0.6
-        ([0.0, 10.0, 20.0, 30.0, 40.0], 90, 36.0),  # rank 3.6
-        ([1.0, 2.0, 3.0, 4.0, 5.0], 50, 3.0),  # rank 2 exactly
-        ([5.0, 5.0, 5.0, 100.0], 50, 5.0),
-        (list(map(float, range(101))), 99, 99.0),  # rank 99
-        (list(map(float, range(1, 11))), 99, 9.91),  # rank 8.91 -> 9 + 0.91
-    ],
-)
-def test_percentile_matches_numpy_linear(values: list[float], q: float, expected: float) -> None:
-    assert percentile(values, q) == pytest.approx(expected, abs=1e-9)
+T0 = 1_800_000_000.0
 
 
-def test_percentile_of_nothing_raises() -> None:
-    with pytest.raises(ValueError, match="no values"):
-        percentile([], 50)
+class Clock:
+    def __init__(self, now: float = T0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
 
 
-def test_summarize_empty() -> None:
-    assert summarize([]) == {"p50": None, "p99": None, "max": None, "samples": 0}
-    assert summarize(iter(())) == {"p50": None, "p99": None, "max": None, "samples": 0}
+def wired(clock: Clock) -> tuple[WorkerStats, Observers]:
+    stats = WorkerStats(clock=clock)
+    return stats, Observers([stats], sketch=LagSketch(clock=clock))
 
 
-def test_summarize_sorts_its_input() -> None:
-    summary = summarize([4.0, 1.0, 3.0, 2.0])
-    assert summary["p50"] == pytest.approx(2.5)
-    assert summary["p99"] == pytest.approx(3.97)
-    assert summary["max"] == 4.0
-    assert summary["samples"] == 4
-
-
-def test_summarize_single_and_generator() -> None:
-    assert summarize(x for x in [7.5]) == {"p50": 7.5, "p99": 7.5, "max": 7.5, "samples": 1}
+def nearest_rank(values: list[float], q: float) -> float:
+    return sorted(values)[rank(q, len(values)) - 1]
 
 
 def test_lag_is_per_namespace_and_coarse_samples_are_only_counted() -> None:
-    stats = WorkerStats()
-    for lag in (4.0, 1.0, 3.0, 2.0):
-        stats.record_lag("assets", lag, coarse=False)
-    stats.record_lag("texts", 10.0, coarse=False)
-    stats.record_lag("assets", 5000.0, coarse=True)
-    stats.record_lag("assets", 9000.0, coarse=True)
-    stats.record_lag("audio", 7000.0, coarse=True)
-
+    clock = Clock()
+    stats, observers = wired(clock)
+    observers.on_batch(
+        BatchReport(
+            at=T0,
+            lags={"assets": np.array([4.0, 1.0, 3.0, 2.0]), "texts": np.array([10.0])},
+            coarse_lags={"assets": np.array([5000.0, 9000.0]), "audio": np.array([7000.0])},
+        )
+    )
     snap = stats.snapshot()
-    assert snap["lag_ms"]["assets"] == {"p50": 2.5, "p99": pytest.approx(3.97), "max": 4.0, "samples": 4}
-    assert snap["lag_ms"]["texts"] == {"p50": 10.0, "p99": 10.0, "max": 10.0, "samples": 1}
+    assert snap["lag_ms"]["assets"] == {"window_s": None, "samples": 4, "p50": 2.0, "p99": 4.0, "max": 4.0}
+    assert snap["lag_ms"]["texts"] == {"window_s": None, "samples": 1, "p50": 10.0, "p99": 10.0, "max": 10.0}
     assert "audio" not in snap["lag_ms"]  # only coarse samples: no lag figures
     assert snap["coarse_lag_samples"] == {"assets": 2, "audio": 1}
 
 
-def test_max_samples_bounds_memory() -> None:
-    stats = WorkerStats(max_samples=3)
-    for lag in (100.0, 1.0, 2.0, 3.0):
-        stats.record_lag("ns", lag, coarse=False)
-        stats.record_stage("decode", lag)
+def test_percentiles_are_nearest_rank_within_the_sketch_bound() -> None:
+    rng = random.Random(11)
+    values = [rng.lognormvariate(3, 0.9) for _ in range(50_000)]
+    clock = Clock()
+    stats, observers = wired(clock)
+    observers.on_batch(BatchReport(at=T0, lags={"ns": np.array(values)}))
+    figures = stats.snapshot()["lag_ms"]["ns"]
+    assert figures["samples"] == len(values) and figures["max"] == max(values)
+    for name, q in (("p50", 0.5), ("p99", 0.99)):
+        exact = nearest_rank(values, q)
+        assert exact <= figures[name] < exact * GROWTH, name
+
+
+def test_every_window_states_itself_and_leaves_out_the_current_second() -> None:
+    clock = Clock(T0 + 0.4)
+    stats, observers = wired(clock)
+    observers.on_batch(BatchReport(at=T0 - 30.5, lags={"a": np.array([1000.0])}))
+    observers.on_batch(
+        BatchReport(
+            at=T0 - 2.5,
+            lags={"a": np.array([10.0, 20.0]), "b": np.array([30.0])},
+            coarse_lags={"a": np.array([900.0])},
+            stages={"worker->planned": Repeated(0.5, 4)},
+        )
+    )
+    observers.on_batch(BatchReport(at=T0 + 0.1, lags={"a": np.array([5.0])}))  # still filling
+    windows = stats.snapshot()["windows"]
+    assert set(windows) == {"last_10s", "last_60s", "since_start"}
+    ten, sixty, start = windows["last_10s"], windows["last_60s"], windows["since_start"]
+    assert (ten["window_s"], ten["end"]) == (10.0, T0) and start["window_s"] is None
+    assert ten["lag_ms"] == {"window_s": 10.0, "samples": 3, "p50": 20.0, "p99": 30.0, "max": 30.0}
+    assert ten["lag_ms_by_namespace"]["b"]["samples"] == 1 and ten["coarse_lag_samples"] == 1
+    assert ten["stages_ms"]["worker->planned"]["samples"] == 4
+    assert sixty["lag_ms"]["samples"] == 4 and sixty["lag_ms"]["max"] == 1000.0
+    assert start["lag_ms"]["samples"] == 5, "since start counts the current second too"
+
+
+def test_counts_come_per_batch_and_offsets_keep_the_max() -> None:
+    stats, observers = wired(Clock())
+    observers.on_event("ddl")
+    observers.on_batch(
+        BatchReport(
+            at=T0,
+            events={"u": 3, "change_applied": 3},
+            outcomes={("redis", "a", "applied"): 2, ("redis", "b", "applied"): 1, ("l3", "a", "fenced"): 3},
+        )
+    )
+    for partition, offset in ((0, 5), (0, 3), (1, 0), (0, 9), (0, 7)):
+        observers.on_offset("changes", partition, offset)
+    observers.on_offset("other", 0, 1)
     snap = stats.snapshot()
-    assert snap["lag_ms"]["ns"]["samples"] == 3
-    assert snap["lag_ms"]["ns"]["max"] == 3.0  # the oldest sample was dropped
-    assert snap["stages_ms"]["decode"]["samples"] == 3
-
-
-def test_record_offset_keeps_the_max() -> None:
-    stats = WorkerStats()
-    stats.record_offset("changes", 0, 5)
-    stats.record_offset("changes", 0, 3)
-    stats.record_offset("changes", 1, 0)
-    stats.record_offset("changes", 0, 9)
-    stats.record_offset("changes", 0, 7)
-    stats.record_offset("other", 0, 1)
-    assert stats.offsets == {"changes/0": 9, "changes/1": 0, "other/0": 1}
-    assert stats.snapshot()["offsets"] == {"changes/0": 9, "changes/1": 0, "other/0": 1}
+    assert snap["events"] == {"ddl": 1, "u": 3, "change_applied": 3}
+    assert snap["outcomes"] == {"redis:applied": 3, "l3:fenced": 3}
+    assert stats.offsets == snap["offsets"] == {"changes/0": 9, "changes/1": 0, "other/0": 1}
 
 
 def test_snapshot_shape() -> None:
-    stats = WorkerStats()
-    stats.events["c"] += 2
-    stats.outcomes["redis:applied"] += 1
-    stats.record_stage("commit->connector", 1.0)
-    snap = stats.snapshot()
+    stats, observers = wired(Clock())
+    observers.on_batch(BatchReport(at=T0, stages={"commit->connector": np.array([1.0])}))
+    snap = stats.snapshot(now=T0 + 1)
     assert set(snap) == {
         "uptime_s",
         "events",
@@ -108,9 +115,9 @@ def test_snapshot_shape() -> None:
         "lag_ms",
         "coarse_lag_samples",
         "stages_ms",
+        "windows",
         "offsets",
     }
-    assert snap["events"] == {"c": 2}
-    assert snap["outcomes"] == {"redis:applied": 1}
     assert snap["stages_ms"]["commit->connector"]["samples"] == 1
-    assert snap["uptime_s"] >= 0
+    assert snap["lag_ms"] == {} and snap["windows"]["last_10s"]["lag_ms"]["p99"] is None
+    assert snap["uptime_s"] == pytest.approx(1.0)
