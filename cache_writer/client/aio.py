@@ -81,7 +81,9 @@ class CacheClient(ClientCore):
     async def _do(self, op: Op, loader: AsyncLoader | None) -> Any:
         if op.name == "script":
             command, script = op.args
-            return raise_errors(await run_pipeline(self.redis, [command], scripts=(script,)))[0]
+            return raise_errors(
+                await run_pipeline(self.redis, [command], scripts=(script,), stats=self.redirects)
+            )[0]
         if op.name == "outer" and self.l3 is not None:
             return await self.l3.hgetall(op.args[0])
         if op.name == "load" and loader is not None:

@@ -35,6 +35,7 @@ from cache_writer.hotness import HitRecorder
 from cache_writer.l1 import L1Cache
 from cache_writer.layout import entry_key, signature_key_of
 from cache_writer.redis import scripts
+from cache_writer.redis.redirects import RedirectStats
 from cache_writer.redis.replies import as_text, hash_fields
 from schemas import row_key
 from schemas.events import KeyValue
@@ -125,6 +126,8 @@ class ClientCore:
         self.counts: Counter[str] = Counter()
         self.hits = hits
         self.has_l3 = has_l3
+        self.redirects = RedirectStats()
+        """Cluster redirects followed and lost scripts reloaded so far (``cache_writer.redis.pipeline``)."""
 
     def key(self, namespace: str, key_values: Sequence[KeyValue]) -> str:
         """The entry key of a row (``cache_writer.layout``)."""
