@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import random
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -11,12 +13,18 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio as aioredis
+from redis.cluster import ClusterNode, PipelineCommand
+from redis.exceptions import AskError
 
 from cache_writer import CacheAction, RedisTier
 from cache_writer.client import CacheClient, FillResult, Hit, Miss, SyncCacheClient
 from cache_writer.entries import parse_entry
 from cache_writer.l1 import InvalidationListener, L1Cache, ThreadedInvalidationListener
-from cache_writer.layout import invalidation_channel
+from cache_writer.layout import invalidation_channel, signature_key_of
+from cache_writer.redis import scripts
+from cache_writer.signatures import SignatureRecord
+from schemas.model_updates import SemVer, signature_order
+from tests.integration.test_redis_cluster import Migration
 
 pytestmark = pytest.mark.integration
 
@@ -258,3 +266,194 @@ def test_leases_on_a_redis_cluster(redis_cluster: Any) -> None:
             await client.aclose()
 
     asyncio.run(main())
+
+
+# --- the blocking client on a Redis Cluster ------------------------------------------------------------
+
+
+SIG = "5" * 64
+
+
+def _sync_cluster(cluster: Any) -> redis.RedisCluster:
+    nodes = [ClusterNode(host, int(port)) for host, port in (s.rsplit(":", 1) for s in cluster.seeds)]
+    return redis.RedisCluster(startup_nodes=nodes)
+
+
+def _signed(key: str, version: int, value: bytes) -> CacheAction:
+    return CacheAction("write", key, version, 1, value, signature=SIG)
+
+
+async def _prepare(cluster: Any, prefix: str, namespace: str, keys: list[str]) -> None:
+    """The namespace has a signature and the pipeline has written ``keys`` under it (``"w<i>"``)."""
+    tier = RedisTier(cluster.client(), tombstone_ttl_ms=60_000)
+    try:
+        record = SignatureRecord(SIG, signature_order(SemVer.parse("1.0.0")), b"{}", ("a",))
+        assert (await tier.set_signature(prefix, namespace, record)).applied
+        await tier.apply([_signed(k, 1, b'"w%d"' % i) for i, k in enumerate(keys)])
+    finally:
+        await tier.close()
+
+
+def test_sync_leases_on_a_redis_cluster(redis_cluster: Any) -> None:
+    """The blocking client speaks the same protocol on a cluster: one lease holder, fills that a racing
+    change voids, hits, on namespaces of every node."""
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    client = _sync_cluster(redis_cluster)
+    cache = SyncCacheClient(client, prefix=prefix)
+
+    async def change(key: str) -> None:
+        tier = RedisTier(redis_cluster.client(), tombstone_ttl_ms=60_000)
+        try:
+            await tier.apply([W(key, 7, b'"new"')])
+        finally:
+            await tier.close()
+
+    try:
+        for ns in ("alpha", "beta", "gamma"):  # namespaces land on different nodes
+            miss = cache.get(ns, [1])
+            assert isinstance(miss, Miss) and miss.lease is not None
+            again = cache.get(ns, [1])
+            assert isinstance(again, Miss) and again.lease is None, "a second reader must not also fill"
+            asyncio.run(change(miss.key))
+            assert cache.fill(miss.lease, b'"old"', None) is FillResult.LEASE_VOID
+            hit = cache.get(ns, [1])
+            assert isinstance(hit, Hit) and hit.value == b'"new"' and hit.version == 7
+            assert cache.get_or_load(ns, [2], lambda: (b'"two"', 3)) == b'"two"'
+            hit2 = cache.get(ns, [2])
+            assert isinstance(hit2, Hit) and hit2.version == 3
+    finally:
+        client.close()
+
+
+def test_sync_client_reads_and_fills_through_a_live_slot_migration(redis_cluster: Any) -> None:
+    """Reads and fills go on while the namespace's slot moves to another node (in batches of 4 keys,
+    10 ms apart): every operation succeeds and every value is the right one. Keys whose entry and
+    signature key sit on different nodes meanwhile get TRYAGAIN until both have moved; moved keys ASK;
+    after the move the client's stale slot map gets MOVED."""
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    namespace = "moving"
+    client = _sync_cluster(redis_cluster)
+    cache = SyncCacheClient(client, prefix=prefix)
+    keys = [cache.key(namespace, [i]) for i in range(40)]
+    asyncio.run(_prepare(redis_cluster, prefix, namespace, keys[:20]))
+    for i in range(20, 40):  # the other half filled by the client after a miss
+        assert cache.get_or_load(namespace, [i], lambda i=i: (b'"f%d"' % i, 1)) == b'"f%d"' % i  # type: ignore[misc]
+    expected = {i: (b'"w%d"' if i < 20 else b'"f%d"') % i for i in range(40)}
+    migration = Migration.plan(client, keys[0])
+    moved = threading.Event()
+
+    def migrate() -> None:
+        migration.begin()
+        migration.move_keys(4, 0.01)
+        migration.finish()
+        moved.set()
+
+    errors: list[BaseException] = []
+    wrong: list[str] = []
+    rounds = after = 0
+    mover = threading.Thread(target=migrate)
+    mover.start()
+    try:
+        while after < 3:
+            last = moved.is_set()
+            for i in random.Random(rounds).sample(range(40), 40):
+                try:
+                    value = cache.get_or_load(namespace, [i], lambda: (b'"reloaded"', 1))
+                except Exception as exc:
+                    errors.append(exc)
+                    continue
+                if value != expected[i]:
+                    wrong.append(f"row {i}: {value!r}")
+            rounds += 1
+            after += last
+    finally:
+        mover.join()
+        client.close()
+    assert errors == [] and wrong == []
+    assert migration.moved_keys == 41, "40 entries and the signature key moved"
+    assert cache.counts["leases"] == 20, "no read during the migration needed a fill"
+    assert cache.redirects.moved > 0 and cache.redirects.ask + cache.redirects.tryagain > 0, cache.redirects
+    assert rounds > 3
+
+
+def test_sync_client_follows_ask_while_the_slot_is_half_moved_and_a_client_that_does_not_fails(
+    redis_cluster: Any,
+) -> None:
+    """Every key of the namespace is on the importing node, the slot still the source's: each read is an
+    ASK. The client follows it; the same read without following the redirect fails (negative control).
+    A fill needs both keys of its script on one node: it waits (TRYAGAIN) until the slot has moved."""
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    namespace = "halfway"
+    client = _sync_cluster(redis_cluster)
+    cache = SyncCacheClient(client, prefix=prefix)
+    keys = [cache.key(namespace, [i]) for i in range(8)]
+    asyncio.run(_prepare(redis_cluster, prefix, namespace, keys))
+    migration = Migration.plan(client, keys[0])
+    migration.begin()
+    try:
+        migration.move_keys(limit=None)
+        hits = [cache.get(namespace, [i]) for i in range(8)]
+        raw = client.pipeline(transaction=False).send_cluster_commands(
+            [PipelineCommand(("HGET", keys[0], "d"), position=0)],
+            raise_on_error=False,
+            allow_redirections=False,
+        )
+    finally:
+        migration.finish()
+    try:
+        assert all(isinstance(h, Hit) and h.value == b'"w%d"' % i for i, h in enumerate(hits)), hits
+        assert cache.redirects.ask >= 8
+        assert isinstance(raw[0], AskError), f"without following ASK the read fails: {raw[0]!r}"
+        before = cache.redirects.moved
+        assert isinstance(cache.get(namespace, [0]), Hit)
+        assert cache.redirects.moved == before + 1, "the stale slot map is corrected by the MOVED"
+        assert cache.get_or_load(namespace, [99], lambda: (b'"new"', 1)) == b'"new"'
+    finally:
+        client.close()
+
+
+def test_sync_client_follows_ask_to_a_node_that_just_joined_where_redis_py_fails(redis_cluster: Any) -> None:
+    """Growing the cluster: the slot goes to a master that joined without slots and without the scripts.
+    The client reaches it on the ASK (a node its slot map does not know), loads the scripts there and
+    reads. redis-py's own redirect handling (what the blocking client used before) cannot reach it."""
+    if redis_cluster.local is None:
+        pytest.skip("adding a node needs the harness's own cluster (FRESHKEY_TEST_REDIS_CLUSTER is external)")
+    new_node = redis_cluster.local.add_node()
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    namespace = "grown"
+    client = _sync_cluster(redis_cluster)
+    cache = SyncCacheClient(client, prefix=prefix)
+    keys = [cache.key(namespace, [i]) for i in range(8)]
+    asyncio.run(_prepare(redis_cluster, prefix, namespace, keys))
+    migration = Migration.plan(client, keys[0], target=new_node)
+    migration.begin()
+    try:
+        migration.move_keys(limit=None)
+        hits = [cache.get(namespace, [i]) for i in range(8)]
+        stock: Any
+        try:
+            stock = client.evalsha(scripts.GET_OR_LEASE.sha, 2, keys[0], signature_key_of(keys[0]), "t", 2000)
+        except Exception as exc:
+            stock = exc
+    finally:
+        migration.finish()
+        client.close()
+    assert all(isinstance(h, Hit) and h.value == b'"w%d"' % i for i, h in enumerate(hits)), hits
+    assert cache.redirects.ask >= 8 and cache.redirects.noscript >= 1, cache.redirects
+    assert isinstance(stock, Exception), (
+        f"redis-py reached the new node by itself ({stock!r}): its own redirect handling may do now"
+    )
+
+
+def test_sync_client_reloads_its_scripts_after_a_script_flush(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    cache = SyncCacheClient(client, prefix=f"t{uuid.uuid4().hex[:8]}")
+    try:
+        assert cache.get_or_load("ns", [1], lambda: (b'"a"', 1)) == b'"a"'
+        before = cache.redirects.noscript
+        client.script_flush()
+        hit = cache.get("ns", [1])
+        assert isinstance(hit, Hit) and hit.value == b'"a"'
+        assert cache.redirects.noscript == before + 1, "refused once, reloaded, sent again"
+    finally:
+        client.close()

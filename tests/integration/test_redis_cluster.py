@@ -23,13 +23,14 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio as aioredis
+from redis.cluster import ClusterNode as SyncClusterNode
 from redis.exceptions import AskError, ClusterError, MovedError
 
 from cache_writer import CacheAction, Outcome, RedisTier
 from cache_writer.entries import Entry, parse_entry, read_namespace
 from cache_writer.layout import namespace_pattern
 from cache_writer.redis import scripts
-from cache_writer.redis.pipeline import run_pipeline
+from cache_writer.redis.pipeline import RedirectStats, run_pipeline, run_pipeline_sync
 from cache_writer.redis.tier import connect
 from cache_writer.settings import RedisSettings
 from pipeline.embedded import MissingBinaryError
@@ -587,3 +588,28 @@ def test_local_redis_cluster_without_redis_server_names_the_install_command(
         cluster.start()
     with pytest.raises(RuntimeError, match="not started"):
         _ = cluster.workdir
+
+
+def test_the_blocking_pipeline_recovers_a_script_flush_on_one_node_the_same_way(
+    redis_cluster: RedisClusterService,
+) -> None:
+    """run_pipeline_sync answers NOSCRIPT as run_pipeline does: only the refused commands are resent."""
+    client = redis.RedisCluster(
+        startup_nodes=[SyncClusterNode(h, int(p)) for h, p in (s.rsplit(":", 1) for s in redis_cluster.seeds)]
+    )
+    try:
+        namespaces = _namespaces_per_node(client)  # type: ignore[arg-type]
+        client.script_load(scripts.WRITE.text)  # on every primary
+        flushed = client.get_node(node_name=next(iter(namespaces)))
+        client.get_redis_connection(flushed).script_flush()
+        tier = RedisTier(redis_cluster.client(), tombstone_ttl_ms=60_000)
+        keys = [f"fk:{{{names[0]}}}:{i}" for names in namespaces.values() for i in range(3)]
+        commands = [tier.command(W(key, 4, b"x")) for key in keys]
+        stats = RedirectStats()
+        replies = run_pipeline_sync(client, commands, scripts=(scripts.WRITE.text,), stats=stats)
+        stored = run_pipeline_sync(client, [("HGET", c[3], "v") for c in commands])
+    finally:
+        client.close()
+    assert all(reply[0] == 1 for reply in replies), replies
+    assert stored == [b"4"] * len(commands)
+    assert stats.noscript == 3, "only the flushed node's three commands were refused and resent"

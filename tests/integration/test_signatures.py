@@ -161,12 +161,12 @@ def test_l1_drops_the_namespace_on_a_cutover_and_refuses_old_reads(redis_url: st
         reader = CacheClient(client.redis, prefix=prefix, l1=l1)
         try:
             key = reader.key(NS, ["k"])
-            await set_signature(tier.client, prefix, NS, record(S1, "1.0.0"), channel=tier.channel)
+            await tier.set_signature(prefix, NS, record(S1, "1.0.0"))  # announced on the tier's channel
             await tier.apply([W(key, 1, b'"m1"', S1)])
             first = await reader.get(NS, ["k"])
             assert isinstance(first, Hit) and first.tier == "l2"
             assert isinstance(second := await reader.get(NS, ["k"]), Hit) and second.tier == "l1"
-            await set_signature(tier.client, prefix, NS, record(S2, "2.0.0"), channel=tier.channel)
+            await tier.set_signature(prefix, NS, record(S2, "2.0.0"))
             for _ in range(200):
                 if len(l1) == 0:
                     break
@@ -204,3 +204,54 @@ def test_sweep_deletes_only_old_signature_entries(redis_url: str) -> None:
         assert await tier.client.exists(signature_key(prefix, NS))
 
     run(redis_url, body)
+
+
+def test_the_tier_keeps_pending_signatures_fences_and_the_outer_fence_mark(redis_url: str) -> None:
+    """The signature operations the pipeline makes through the tier: pending and its rollback, a fence
+    (the next epoch, announced on the tier's channel), a first signature for a namespace without one,
+    and the mark that keeps readers off a fenced outer tier."""
+
+    async def body(client: CacheClient, tier: RedisTier, prefix: str) -> None:
+        listener = aioredis.Redis.from_url(redis_url)
+        pubsub = listener.pubsub()
+        await pubsub.subscribe(tier.channel or "")
+        try:
+            no_model = SignatureRecord(S1, signature_order(None), b"", ("a",))  # a fence keeps the model
+            assert (await tier.set_signature(prefix, NS, no_model)).applied
+            assert (await tier.set_signature(prefix, NS, record(S2, "2.0.0"), mode="pending")).applied
+            assert await tier.read_active_signatures(prefix, [NS, "none"]) == [f"{S1}/{S2}", "/"]
+            assert await tier.clear_pending(prefix, NS, S2) and not await tier.clear_pending(prefix, NS, S2)
+
+            fenced = await tier.fence_namespace(prefix, NS, value_columns=None)
+            state = (await tier.read_signatures(prefix, [NS]))[NS]
+            assert fenced.applied and fenced.previous == S1 and state.active_signature not in ("", S1)
+            announced = [m async for m in _messages(pubsub) if m.startswith(b"a ")]
+            assert announced[-1] == f"a {state.active_signature} {prefix}:{{{NS}}}:".encode()
+
+            with pytest.raises(ValueError, match="value columns are needed"):
+                await tier.fence_namespace(prefix, "fresh", value_columns=None)
+            assert (await tier.fence_namespace(prefix, "fresh", value_columns=["a"])).applied
+
+            await tier.mark_outer_fenced(prefix, [NS, NS], 1_700_000_000_000)
+            miss = await client.get(NS, ["x"])
+            assert isinstance(miss, Miss) and miss.lease is not None and miss.lease.outer_fenced
+            await tier.mark_outer_fenced(prefix, [NS], None)
+            assert await client.fill(miss.lease, b"1", None) is FillResult.FILLED
+            miss = await client.get(NS, ["y"])
+            assert isinstance(miss, Miss) and miss.lease is not None and not miss.lease.outer_fenced
+        finally:
+            await pubsub.aclose()  # type: ignore[no-untyped-call]
+            await listener.aclose()
+
+    run(redis_url, body)
+
+
+async def _messages(pubsub: Any, within_s: float = 2.0) -> Any:
+    """The messages published to ``pubsub`` until none came for a moment (or ``within_s`` passed)."""
+    deadline = asyncio.get_running_loop().time() + within_s
+    while asyncio.get_running_loop().time() < deadline:
+        message = await pubsub.get_message(timeout=0.2)
+        if message is None:
+            return
+        if message["type"] == "message":
+            yield message["data"]
