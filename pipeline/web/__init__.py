@@ -6,7 +6,9 @@ Routes, on the Faust web server (bound to ``FRESHKEY_WORKER_WEB_BIND``, 127.0.0.
 - ``GET /dashboard/static/{name}``: its script and style sheet and the vendored uPlot (MIT, see
   ``static/uPlot.LICENSE``); only the files in :data:`STATIC_FILES`, nothing is fetched from a CDN.
 - ``GET /freshkey/api/series?since=<unix s>``: :meth:`SeriesRecorder.snapshot` (per-second points from
-  ``since`` on, a summary of the last minute), plus ``consumer`` (per partition of the change topic:
+  ``since`` on, a summary of the last minute, the lag figures of every window the worker reports: the
+  same as ``/freshkey/stats``'s and the SLA's, all read from the one lag sketch), plus ``consumer`` (per
+  partition of the change topic:
   state, acknowledged offset, high watermark, lag, age of the oldest waiting change; see
   :class:`~pipeline.observe.progress.PartitionProgress`) and ``routes`` (which optional routes this
   worker has, so the page does not poll a route that is not there).
@@ -57,7 +59,8 @@ def _static(name: str) -> bytes:
 def install_dashboard(
     app: faust.App, processor: ChangeProcessor, *, progress: ConsumerProgress | None = None
 ) -> SeriesRecorder:
-    """Register the dashboard routes on ``app`` and a :class:`SeriesRecorder` on the processor.
+    """Register the dashboard routes on ``app`` and a :class:`SeriesRecorder` on the processor (it reads
+    the processor's lag sketch).
 
     ``progress``: the worker's consumer progress of the change topic; the consumer-lag card then shows
     that topic only, unknown partitions as unknown. Without it (older wiring), :func:`consumer_lag` of

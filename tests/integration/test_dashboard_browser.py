@@ -3,8 +3,10 @@
 Debian's chromium, driven by Playwright (Playwright's own browser download does not work on these
 machines; ``executable_path`` points it at the system browser). The test drives changes through the
 pipeline, loads ``/dashboard``, waits until the charts have drawn data (the page publishes what it drew
-in ``window.__freshkey`` and in ``data-points`` attributes), checks that the page logged no errors, and
-saves a screenshot to ``artifacts/dashboard.png``.
+in ``window.__freshkey`` and in ``data-points`` attributes), checks the lag figures it shows (tiles and
+SLA card, each with its window) against ``/freshkey/stats`` and ``/freshkey/sla`` read at the same moment,
+shows a verification that could not judge everything as such, checks that the page logged no errors,
+and saves a screenshot to ``artifacts/dashboard.png``.
 
 A missing browser or Playwright is a failure that says what to install, never a skip: a skipped
 browser test would look like a passing one.
@@ -24,6 +26,8 @@ from typing import Any
 
 import pytest
 
+from cache_writer.layout import latest_verification_key
+from pipeline.verify.judge import Verification, VerifyReport
 from pipeline.web import OPTIONAL_ROUTES
 from tests.support.pipeline import Pipeline
 
@@ -96,6 +100,38 @@ def _drive_changes(p: Pipeline) -> None:
     p.sql(f"DELETE FROM {p.database}.assets WHERE id = 1")
 
 
+def _figures_at_one_moment(page: Any, base: str, p: Pipeline) -> dict[str, Any]:
+    """The lag figures the page shows (tiles, SLA card) and those of ``/freshkey/stats`` and
+    ``/freshkey/sla``, read when all of them end their window at the same second (retried until so)."""
+    shown: dict[str, Any] = {}
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        page.wait_for_function(
+            "() => __freshkey.tiles && __freshkey.tiles.p99 != null && __freshkey.slaFigures"
+            " && __freshkey.slaFigures.p99 != null",
+            timeout=10_000,
+        )
+        shown = {
+            "tiles": page.evaluate("JSON.parse(JSON.stringify(__freshkey.tiles))"),
+            "sla card": page.evaluate("JSON.parse(JSON.stringify(__freshkey.slaFigures))"),
+            "captions": page.eval_on_selector_all(".lag-window", "els => els.map(e => e.textContent)"),
+            "sla text": page.inner_text("#sla-figures"),
+            "stats": (p.stats() or {})["windows"]["last_60s"]["lag_ms"],
+            "stats end": (p.stats() or {})["windows"]["last_60s"]["end"],
+            "sla": _get(f"{base}/freshkey/sla")[1],
+        }
+        ends = {
+            shown["tiles"]["end"],
+            shown["sla card"]["end_ms"] / 1000,
+            shown["stats end"],
+            shown["sla"]["window_end_ms"] / 1000,
+        }
+        if len(ends) == 1:
+            return shown
+        time.sleep(0.2)
+    raise AssertionError(f"the page and the worker never read the same second: {shown}")
+
+
 def test_dashboard_shows_live_data_in_a_real_browser(
     make_pipeline: Callable[..., Pipeline], record_property: Callable[[str, object], None]
 ) -> None:
@@ -162,6 +198,21 @@ def test_dashboard_shows_live_data_in_a_real_browser(
                 # A few more polls: the page keeps updating, and the screenshot shows settled charts.
                 updates = page.evaluate("__freshkey.updates")
                 page.wait_for_function(f"() => __freshkey.updates >= {updates + 2}", timeout=10_000)
+                # The page and the worker's JSON, read at one moment (the same window end).
+                shown = _figures_at_one_moment(page, base, p)
+                verify_text = page.inner_text("#verify-body")
+
+                # A verification that could not judge a binding and an entry, on too few entries for nines.
+                unverifiable = Verification(
+                    1500.0,
+                    [
+                        VerifyReport(p.namespace, rows=3, checked=3, unverifiable_keys=1),
+                        VerifyReport("ghost", tier="all", unverifiable="table shop.ghost does not exist"),
+                    ],
+                )
+                p.redis.set(latest_verification_key(p.prefix), json.dumps(unverifiable.to_json()))
+                page.wait_for_function("() => __freshkey.verify === '2 unverifiable'", timeout=10_000)
+                unverifiable_text = page.inner_text("#verify-body")
             finally:
                 SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
                 page.screenshot(path=str(SCREENSHOT), full_page=True)
@@ -174,7 +225,6 @@ def test_dashboard_shows_live_data_in_a_real_browser(
             canvases = page.eval_on_selector_all(".chart canvas", "els => els.length")
             empty_lag = page.is_visible("#chart-lag .empty")
             sla_badge = page.inner_text("#sla-badge")
-            verify_text = page.inner_text("#verify-body")
             consumer_text = page.inner_text("#consumer-body")
             legend = page.inner_text("#chart-lag .u-legend")
         finally:
@@ -192,6 +242,18 @@ def test_dashboard_shows_live_data_in_a_real_browser(
     assert sla_badge.startswith("SLA: ") and sla_badge != "SLA: …", sla_badge
     assert drawn["sla"] in ("ok", "violated", "no data", "not configured"), context
     assert "no verification yet" in verify_text, verify_text
+    assert "ghost: table shop.ghost does not exist" in unverifiable_text, unverifiable_text
+    assert "0 stale of 3 (too few to state nines" in unverifiable_text, unverifiable_text
+    assert "0.00 nines" not in unverifiable_text, unverifiable_text
+
+    # One figure per window, the same on the page, the stats page and the SLA state.
+    tiles, sla_figures, window, sla_now = (shown[k] for k in ("tiles", "sla card", "stats", "sla"))
+    assert tiles["window_s"] == 60 and sla_figures["window_s"] == 60, shown
+    assert all(c.startswith("last 60 s to ") for c in shown["captions"]), shown["captions"]
+    assert "last 60 s to " in shown["sla text"], shown["sla text"]
+    for name in ("p50", "p99", "max"):
+        assert tiles[name] == sla_figures[name] == window[name] == sla_now[f"{name}_ms"], (name, shown)
+    assert window["samples"] == sla_now["samples"] > 0, shown
     assert str(p.change_topic) in consumer_text, consumer_text
     assert drawn["lastError"] is None, context
     assert not console, "the page logged errors:\n" + "\n".join(console)

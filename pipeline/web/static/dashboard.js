@@ -1,13 +1,17 @@
 /* freshkey dashboard: polls the worker's JSON every second and draws it with uPlot (vendored, MIT).
  *
- * Reads /freshkey/api/series (per-second points, last-minute summary, consumer lag, which optional
- * routes exist), /freshkey/stats, and /freshkey/sla and /freshkey/verify when the worker has them.
+ * Reads /freshkey/api/series (per-second points, last-minute summary, the lag figures of every window the
+ * worker reports, consumer lag, which optional routes exist), /freshkey/stats, and /freshkey/sla and
+ * /freshkey/verify when the worker has them. Every lag figure comes from the worker's one lag sketch and
+ * says its window: the chart's percentiles are per second; the tiles and the SLA card show the SLA's
+ * window (the same figures: whole seconds up to the one stated), 60 s without an SLA.
  * window.__freshkey exposes what is drawn (for the browser test and for debugging from the console).
  */
 (function () {
   "use strict";
 
   const POLL_MS = 1000;
+  const DEFAULT_WINDOW_S = 60;
   const CHART_HEIGHT = 230;
   const STAGE_TOTAL = "commit->applied";
   const LAG_SERIES = [
@@ -52,6 +56,7 @@
     startedAt: null,
     retentionS: 900,
     summary: null,
+    windows: {},
     consumer: [],
     routes: { sla: true, verify: true },
     stats: null,
@@ -67,6 +72,8 @@
     stagePoints: 0,
     outcomePoints: 0,
     outcomes: { applied: 0, tombstoned: 0, not_newer: 0, "dead-lettered": 0 },
+    tiles: null,
+    slaFigures: null,
     sla: null,
     verify: null,
     consumerPartitions: 0,
@@ -89,6 +96,23 @@
     if (a >= 1) return v.toFixed(2) + " ms";
     return v.toFixed(3) + " ms";
   }
+  // A figure shown beside a threshold keeps its comparison with it: 200.0004 against 200 reads
+  // "200.0004 ms", never "200 ms" (which would read as met).
+  function fmtMsAgainst(v, threshold) {
+    const text = fmtMs(v);
+    if (threshold == null || v == null || !isFinite(v)) return text;
+    const shown = parseFloat(text) * (text.endsWith(" s") ? 1000 : 1);
+    if ((shown <= threshold) === (v <= threshold)) return text;
+    for (let d = 1; d <= 6; d++) {
+      const t = v.toFixed(d);
+      if ((parseFloat(t) <= threshold) === (v <= threshold)) return t + " ms";
+    }
+    return String(v) + " ms";
+  }
+  function fmtWindow(seconds) {
+    if (seconds == null) return "since start";
+    return seconds >= 120 && seconds % 60 === 0 ? "last " + seconds / 60 + " min" : "last " + seconds + " s";
+  }
   function fmtAxisMs(v) {
     if (v == null) return "";
     const a = Math.abs(v);
@@ -105,9 +129,9 @@
     if (a >= 100) return v.toFixed(0);
     return String(+v.toPrecision(4));
   }
-  function tileMs(el, v) {
+  function tileMs(el, v, threshold) {
     if (v == null || !isFinite(v)) { el.textContent = "–"; return; }
-    const text = fmtMs(v);
+    const text = fmtMsAgainst(v, threshold);
     const unit = text.endsWith(" ms") ? "ms" : "s";
     el.innerHTML = "";
     el.append(text.slice(0, -unit.length - 1));
@@ -165,6 +189,7 @@
     state.retentionS = series.retention_s;
     state.stages = series.stages;
     state.summary = series.summary;
+    state.windows = series.windows || {};
     state.consumer = series.consumer || [];
     state.routes = Object.assign({ sla: true, verify: true }, series.routes || {});
     const oldest = Math.floor(series.now) - series.retention_s;
@@ -343,8 +368,8 @@
     exposed.lagPoints = count;
     const coarse = state.summary ? state.summary.coarse_lag_samples : 0;
     $("lag-coarse").textContent = coarse
-      ? " · " + fmtCount(coarse) + (coarse === 1 ? " change" : " changes") +
-        " in the last minute had only the 1-s binlog clock (not charted)"
+      ? " · " + fmtCount(coarse) + (coarse === 1 ? " change" : " changes") + " in the " +
+        fmtWindow(state.summary.window_s) + " had only the 1-s binlog clock (not charted)"
       : "";
   }
 
@@ -377,6 +402,7 @@
   function renderBreakdown(stages) {
     const box = $("breakdown");
     const summary = state.summary && state.summary.stages_ms;
+    $("breakdown-window").textContent = fmtWindow(state.summary ? state.summary.window_s : DEFAULT_WINDOW_S);
     const parts = stages
       .map((stage, i) => ({ stage: stage, color: STAGE_COLORS[i % STAGE_COLORS.length], s: summary && summary[stage] }))
       .filter((p) => p.s && p.s.p50 != null);
@@ -441,7 +467,7 @@
   // ---------------------------------------------------------------------------------------------------
   // panels
 
-  // SLA state (pipeline/sla.py SlaState): {status: ok|violated|no_data, targets: [{name, status, threshold,
+  // SLA state (pipeline/observe/sla_state.py SlaState): {status, targets: [{name, status, threshold,
   // measured, unit, detail, since_ms}], p50_ms, p99_ms, samples, evaluation_window_s, violations, last_event}.
   const TARGET_LABELS = {
     p99_lag: "p99 commit → cache lag",
@@ -459,6 +485,16 @@
     return t && typeof t.threshold === "number" ? t.threshold : null;
   }
 
+  // The window of the tiles: the SLA's (so tiles and SLA card show the same figures), else 60 s.
+  function lagWindowS() {
+    const s = state.sla && typeof state.sla.evaluation_window_s === "number" ? state.sla.evaluation_window_s : null;
+    return s != null && state.windows["last_" + s + "s"] ? s : DEFAULT_WINDOW_S;
+  }
+
+  function clockMs(ms) {
+    return ms == null ? "" : clock(ms / 1000);
+  }
+
   function statusClass(status) {
     return status === "ok" ? "badge-ok" : status === "violated" ? "badge-bad" : "badge-neutral";
   }
@@ -467,10 +503,10 @@
     return status === "no_data" ? "no data" : String(status || "unknown");
   }
 
-  function fmtTargetValue(v, unit) {
+  function fmtTargetValue(v, unit, threshold) {
     if (v == null) return "–";
     if (unit === "fraction") return +(v * 100).toFixed(v >= 0.99 ? 4 : 2) + " %";
-    if (unit === "ms") return fmtMs(v);
+    if (unit === "ms") return fmtMsAgainst(v, threshold);
     return fmtCount(v) + (unit ? " " + unit : "");
   }
 
@@ -515,6 +551,15 @@
     exposed.sla = statusText(status);
     const targets = slaTargets(sla);
     exposed.slaTargets = Object.fromEntries(targets.map((t) => [t.name, t.status]));
+    if (sla.samples != null && sla.evaluation_window_s != null) {
+      const target = slaTargetMs();
+      const figures = { window_s: sla.evaluation_window_s, end_ms: sla.window_end_ms, p50: sla.p50_ms, p99: sla.p99_ms, max: sla.max_ms };
+      exposed.slaFigures = figures;
+      body.append(el("div", { class: "note", style: "margin: 0 0 8px", id: "sla-figures" },
+        "lag p50 " + fmtMsAgainst(figures.p50, target) + " · p99 " + fmtMsAgainst(figures.p99, target) + " · max " +
+        fmtMsAgainst(figures.max, target) + " · " + fmtWindow(figures.window_s) +
+        (figures.end_ms ? " to " + clockMs(figures.end_ms) : "")));
+    }
     if (targets.length) {
       const table = el("table", { class: "data" });
       table.append(el("tr", {}, el("th", {}, "target"), el("th", { class: "r" }, "promise"),
@@ -524,7 +569,7 @@
         table.append(el("tr", { title: t.detail || "" },
           el("td", {}, TARGET_LABELS[t.name] || String(t.name).replace(/_/g, " ")),
           el("td", { class: "r" }, promise),
-          el("td", { class: "r" + (t.status === "violated" ? " bad" : "") }, fmtTargetValue(t.measured, t.unit)),
+          el("td", { class: "r" + (t.status === "violated" ? " bad" : "") }, fmtTargetValue(t.measured, t.unit, t.threshold)),
           el("td", { class: "r" }, el("span", { class: "badge " + statusClass(t.status) }, statusText(t.status)))));
       }
       body.append(table);
@@ -549,7 +594,7 @@
     }
   }
 
-  // Consumer lag rows: pipeline/sla.py PartitionProgress ({topic, partition, state, assigned, lag, age_ms,
+  // Consumer lag rows: pipeline/observe/partitions.py PartitionProgress ({topic, partition, state, assigned, lag, age_ms,
   // acked_offset, highwater, committed_offset, reason, ...}), or, from an older worker, {topic, partition,
   // acked_offset, highwater, lag, assigned} without a state. A lag of null is unknown, never "caught up".
   const CONSUMER_STATES = { caught_up: "caught up", behind: "behind", stalled: "stalled", unknown: "unknown" };
@@ -600,7 +645,7 @@
         el("td", { style: "width: " + (withAge ? 16 : 35) + "%" }, bar)));
     }
     if (topics.size === 1) body.append(el("div", { class: "note", style: "margin: 0 0 6px" }, "topic " + rows[0].topic));
-    body.append(table);
+    body.append(el("div", { class: "table-wrap" }, table));
     const unknownRows = rows.filter((r) => rowState(r) === "unknown");
     if (unknownRows.length) {
       body.append(el("div", { class: "note bad" },
@@ -609,8 +654,9 @@
     }
   }
 
-  // Verifier (pipeline/verify.py Verification.to_json): {checked, stale, in_flight, nines, window_ms,
-  // ts_ms, reports: [{namespace, tier, rows, checked, stale, in_flight, missing, versions_checked, examples}]}.
+  // Verifier (pipeline/verify/judge.py Verification.to_json): {status: clean|stale|unverifiable, checked,
+  // stale, in_flight, nines (null below min_checked_for_nines), nines_text, unverifiable: [{namespace,
+  // reason}], unverifiable_keys, window_ms, ts_ms, reports: [{namespace, tier, rows, checked, stale, ...}]}.
   function renderVerify() {
     const badge = $("verify-state");
     const body = $("verify-body");
@@ -627,16 +673,38 @@
     const reports = Array.isArray(v.reports) ? v.reports : [v];
     const stale = v.stale != null ? v.stale : reports.reduce((a, r) => a + (r.stale || 0), 0);
     const checked = v.checked != null ? v.checked : reports.reduce((a, r) => a + (r.checked || 0), 0);
-    badge.className = "badge " + (stale ? "badge-bad" : "badge-ok");
-    badge.textContent = stale ? fmtCount(stale) + " stale" : "consistent";
+    const unverifiable = Array.isArray(v.unverifiable) ? v.unverifiable : [];
+    const unverifiableKeys = v.unverifiable_keys || 0;
+    const notJudged = unverifiable.length + unverifiableKeys;
+    if (stale) {
+      badge.className = "badge badge-bad";
+      badge.textContent = fmtCount(stale) + " stale";
+    } else if (v.status === "unverifiable" || notJudged) {
+      badge.className = "badge badge-warn";
+      badge.textContent = fmtCount(notJudged) + " unverifiable";
+    } else {
+      badge.className = "badge badge-ok";
+      badge.textContent = "consistent";
+    }
     exposed.verify = badge.textContent;
-    const headline = el("div", { class: "big " + (stale ? "bad" : "ok") },
-      v.nines != null ? fmtCount(v.nines) + " nines" : stale ? "stale entries" : "consistent");
+    // nines only from enough entries; below that the worker says why (nines_text), never "0.00 nines".
+    const nines = v.nines != null ? fmtCount(v.nines) + " nines" : v.nines_text || (stale ? "stale entries" : "consistent");
+    const tone = stale ? "bad" : notJudged ? "warn" : "ok";
+    const headline = el("div", { class: (v.nines != null ? "big " : "mid ") + tone }, nines);
     const sub = [fmtCount(checked) + " entries checked", fmtCount(stale) + " stale"];
     if (v.window_ms != null) sub.push("within " + fmtMs(v.window_ms));
     if (v.in_flight) sub.push(fmtCount(v.in_flight) + " in flight");
     if (v.ts_ms) sub.push(ago(v.ts_ms));
     body.append(headline, el("div", { class: "note", style: "margin: 2px 0 10px" }, sub.join(" · ")));
+    if (notJudged) {
+      const reasons = el("ul", { class: "examples", id: "verify-unverifiable" });
+      for (const u of unverifiable) reasons.append(el("li", { class: "warn" }, (u.namespace || "?") + ": " + (u.reason || "unverifiable")));
+      if (unverifiableKeys) {
+        reasons.append(el("li", { class: "warn" }, fmtCount(unverifiableKeys) + " entr" + (unverifiableKeys === 1 ? "y" : "ies") +
+          " could not be judged (key or version unreadable; see the examples)"));
+      }
+      body.append(el("div", { class: "note warn" }, "not verified:"), reasons);
+    }
     const table = el("table", { class: "data" });
     table.append(el("tr", {}, el("th", {}, "namespace · tier"), el("th", { class: "r" }, "rows"),
       el("th", { class: "r" }, "checked"), el("th", { class: "r" }, "stale"), el("th", { class: "r" }, "missing")));
@@ -648,7 +716,7 @@
         el("td", { class: "r" + (r.stale ? " bad" : "") }, fmtCount(r.stale || 0)),
         el("td", { class: "r" + (r.missing ? " warn" : "") }, fmtCount(r.missing || 0))));
     }
-    body.append(table);
+    body.append(el("div", { class: "table-wrap" }, table));
     const examples = reports.flatMap((r) => (Array.isArray(r.examples) ? r.examples : [])).slice(0, 4);
     if (examples.length) {
       const ul = el("ul", { class: "examples" });
@@ -659,14 +727,20 @@
 
   function renderTiles() {
     const s = state.summary || {};
-    const lag = s.lag_ms || {};
-    tileMs($("t-p50"), lag.p50);
-    tileMs($("t-p99"), lag.p99);
-    tileMs($("t-max"), lag.max);
+    const windowS = lagWindowS();
+    const figures = state.windows["last_" + windowS + "s"] || {};
+    const lag = figures.lag_ms || {};
     const target = slaTargetMs();
+    tileMs($("t-p50"), lag.p50, target);
+    tileMs($("t-p99"), lag.p99, target);
+    tileMs($("t-max"), lag.max, target);
+    const caption = fmtWindow(windowS) + (figures.end ? " to " + clock(figures.end) : "");
+    for (const cap of document.querySelectorAll(".lag-window")) cap.textContent = caption;
+    exposed.tiles = { window_s: windowS, end: figures.end == null ? null : figures.end, p50: lag.p50, p99: lag.p99, max: lag.max };
     $("t-p99").className = "tile-value" + (target != null && lag.p99 != null ? (lag.p99 > target ? " bad" : " ok") : "");
     $("t-rate").textContent = s.changes_per_s == null ? "–" : fmtCount(s.changes_per_s);
-    const totals = { applied: 0, tombstoned: 0, stale: 0 };
+    $("t-rate-window").textContent = fmtWindow(s.window_s == null ? DEFAULT_WINDOW_S : s.window_s);
+    const totals = { applied: 0, tombstoned: 0, not_newer: 0 };
     const outcomes = (state.stats && state.stats.outcomes) || {};
     for (const [key, n] of Object.entries(outcomes)) {
       const outcome = key.slice(key.lastIndexOf(":") + 1);
@@ -674,8 +748,7 @@
     }
     $("t-applied").textContent = state.stats ? fmtCount(totals.applied) : "–";
     $("t-tombstoned").textContent = state.stats ? fmtCount(totals.tombstoned) : "–";
-    $("t-stale").textContent = state.stats ? fmtCount(totals.stale) : "–";
-    $("t-stale").className = "tile-value" + (totals.stale > 0 ? " warn" : "");
+    $("t-not-newer").textContent = state.stats ? fmtCount(totals.not_newer) : "–";
     const dead = state.stats && state.stats.events ? state.stats.events.dead_lettered || 0 : null;
     $("t-dead").textContent = dead == null ? "–" : fmtCount(dead);
     $("t-dead").className = "tile-value" + (dead > 0 ? " bad" : "");
