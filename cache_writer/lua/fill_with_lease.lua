@@ -13,8 +13,7 @@
 -- returns {1, version} when filled; {0, 'lease'} when the lease is void or expired;
 --         {0, 'stale'} when the key holds a newer version than the row that was read;
 --         {0, 'signature'} when the namespace's active signature changed since the lease was issued
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local sig = ARGV[5] or ''
 local row = ARGV[6] or ''
 local h = redis.call('HMGET', KEYS[1], 'v', 'l', 'le')

@@ -12,8 +12,7 @@
 --         {2, '', version, signature, fo}      a miss; another caller holds a valid lease: wait or read
 --                                              through
 -- fo: '' normally; the ms since which an outer tier (L3...) is fenced: do not read it now.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local active = ''
 local fo = ''
 if KEYS[2] then

@@ -5,6 +5,11 @@ local function gt(a, b)
   if #a ~= #b then return #a > #b end
   return a > b
 end
+-- now_ms(): the server's clock in ms since the epoch (leases are timed by the server, never a client).
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
 -- set_entry(key, fields, sig, row, ttl): write the entry's fields, set or drop its signature 's' and
 -- row key 'k', drop a tombstone and any fill lease, then set its TTL in ms ('0': none). Fields are set
 -- first and dropped after: the key never vanishes mid-script (a Redis Cluster slot migration would

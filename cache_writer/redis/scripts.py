@@ -1,8 +1,9 @@
 """The Lua scripts of the Redis tiers, each loaded once from ``cache_writer/lua`` with the shared prelude.
 
-Every script starts with ``lua/prelude.lua`` (the version comparator and the common tail of a write),
-so a rule that several scripts share is written once. Scripts are called with EVALSHA; a NOSCRIPT reply
-(a restarted server, a flushed script cache, a new cluster node) reloads them (``redis.pipeline``).
+Every script starts with ``lua/prelude.lua`` (the version comparator, the server clock and the common
+tail of a write), so a rule that several scripts share is written once. Scripts are called with EVALSHA;
+a NOSCRIPT reply (a restarted server, a flushed script cache, a new cluster node) reloads them
+(``cache_writer.redis.pipeline``).
 """
 
 from __future__ import annotations
