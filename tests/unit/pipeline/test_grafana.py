@@ -258,6 +258,24 @@ def test_dashboard_shows_what_operators_need(path: Path) -> None:
 
 
 @pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
+def test_every_lag_percentile_states_its_window(path: Path) -> None:
+    """Prometheus's estimate over a rate interval and the worker's figure over the SLA window are two
+    figures: each says which it is (legend or panel title), so no panel shows an unlabelled p99."""
+    dashboard = _load(path)
+    checked = 0
+    for panel in _panels(dashboard["panels"]):
+        for target in panel.get("targets") or []:
+            expr, shown = target.get("expr", ""), f"{panel.get('title', '')} {target.get('legendFormat', '')}"
+            if "histogram_quantile" in expr and "freshkey_lag_milliseconds_bucket" in expr:
+                assert "rate interval" in shown, f"{panel.get('title')}: {target.get('legendFormat')!r}"
+                checked += 1
+            if "freshkey_sla_lag_p99_milliseconds" in expr:
+                assert "SLA window" in shown, f"{panel.get('title')}: {target.get('legendFormat')!r}"
+                checked += 1
+    assert checked >= 2, "no lag percentile found (did the JSON layout change?)"
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
 def test_dashboard_layout_and_datasource(path: Path) -> None:
     """Unique ids, panels that do not overlap, every query on the provisioned Prometheus."""
     dashboard = _load(path)
