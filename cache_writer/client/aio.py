@@ -9,41 +9,18 @@ from typing import Any, TypeVar
 import redis.asyncio as aioredis
 
 from cache_writer.client.core import ClientCore, FillResult, Hit, Lease, Loaded, Miss, Op, Steps
-from cache_writer.hotness import HitRecorder
-from cache_writer.l1 import L1Cache
 from cache_writer.redis.pipeline import RedisClient, run_pipeline
 from cache_writer.redis.replies import raise_errors
+from cache_writer.steps import StepRunner
 from schemas.events import KeyValue
 
 T = TypeVar("T")
 AsyncLoader = Callable[[], Awaitable[Loaded]]
 
 
-class CacheClient(ClientCore):
+class CacheClient(ClientCore[RedisClient, aioredis.Redis]):
     """asyncio client over one Redis or a Redis Cluster (``client``). ``l3`` is an optional outer Redis
     read on an L2 miss (and used to fill L2)."""
-
-    def __init__(
-        self,
-        client: RedisClient,
-        *,
-        prefix: str = "fk",
-        l1: L1Cache | None = None,
-        l3: aioredis.Redis | None = None,
-        lease_ttl_ms: int = 2_000,
-        entry_ttl_ms: int | None = None,
-        hits: HitRecorder | None = None,
-    ) -> None:
-        super().__init__(
-            prefix=prefix,
-            l1=l1,
-            lease_ttl_ms=lease_ttl_ms,
-            entry_ttl_ms=entry_ttl_ms,
-            hits=hits,
-            has_l3=l3 is not None,
-        )
-        self.redis = client
-        self.l3 = l3
 
     async def get(self, namespace: str, key_values: Sequence[KeyValue]) -> Hit | Miss:
         """See :meth:`ClientCore.get_steps`."""
@@ -70,13 +47,11 @@ class CacheClient(ClientCore):
         )
 
     async def _run(self, steps: Steps[T], loader: AsyncLoader | None = None) -> T:
-        reply: Any = None  # a fresh generator takes None first
-        while True:
-            try:
-                op = steps.send(reply)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
-            reply = await self._do(op, loader)
+        runner = StepRunner(steps)
+        op = runner.next(None)
+        while op is not None:
+            op = runner.next(await self._do(op, loader))
+        return runner.result
 
     async def _do(self, op: Op, loader: AsyncLoader | None) -> Any:
         if op.name == "script":

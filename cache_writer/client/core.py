@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Literal, NamedTuple, TypeVar
+from typing import Any, Generic, Literal, NamedTuple, TypeVar
 
 from cache_writer.hotness import HitRecorder
 from cache_writer.l1 import L1Cache
@@ -100,32 +100,37 @@ class Op(NamedTuple):
 
 
 T = TypeVar("T")
+L2 = TypeVar("L2")
+L3 = TypeVar("L3")
 Steps = Generator[Op, Any, T]
 
 
-class ClientCore:
-    """The read/fill/lease protocol over L1, L2 and L3, as steps (module docstring). ``has_l3``: the
-    client has an outer tier to read on an L2 miss."""
+class ClientCore(Generic[L2, L3]):
+    """The read/fill/lease protocol over L1, L2 and L3, as steps (module docstring), and what a client
+    holds: ``redis`` (L2: one Redis or a Redis Cluster client), ``l3`` (an optional outer Redis read on
+    an L2 miss, and used to fill L2), the counts and the redirects followed."""
 
     def __init__(
         self,
+        client: L2,
         *,
-        prefix: str,
-        l1: L1Cache | None,
-        lease_ttl_ms: int,
-        entry_ttl_ms: int | None,
+        prefix: str = "fk",
+        l1: L1Cache | None = None,
+        l3: L3 | None = None,
+        lease_ttl_ms: int = 2_000,
+        entry_ttl_ms: int | None = None,
         hits: HitRecorder | None = None,
-        has_l3: bool = False,
     ) -> None:
         if lease_ttl_ms <= 0:
             raise ValueError("lease_ttl_ms must be positive")
+        self.redis = client
+        self.l3 = l3
         self.prefix = prefix
         self.l1 = l1
         self.lease_ttl_ms = lease_ttl_ms
         self._entry_ttl = str(entry_ttl_ms or 0)
         self.counts: Counter[str] = Counter()
         self.hits = hits
-        self.has_l3 = has_l3
         self.redirects = RedirectStats()
         """Cluster redirects followed and lost scripts reloaded so far (``cache_writer.redis.pipeline``)."""
 
@@ -209,7 +214,7 @@ class ClientCore:
                 self.l1.put(key, result.version, result.value, result.signature)
             return result
         lease = result.lease
-        if self.has_l3 and lease is not None and not lease.outer_fenced:
+        if self.l3 is not None and lease is not None and not lease.outer_fenced:
             outer = _outer_entry(hash_fields((yield Op("outer", (key,)))), lease.signature)
             if (
                 outer is not None

@@ -9,41 +9,18 @@ from typing import Any, TypeVar
 import redis
 
 from cache_writer.client.core import ClientCore, FillResult, Hit, Lease, Loaded, Miss, Op, Steps
-from cache_writer.hotness import HitRecorder
-from cache_writer.l1 import L1Cache
 from cache_writer.redis.pipeline import SyncRedisClient, run_pipeline_sync
 from cache_writer.redis.replies import raise_errors
+from cache_writer.steps import StepRunner
 from schemas.events import KeyValue
 
 T = TypeVar("T")
 SyncLoader = Callable[[], Loaded]
 
 
-class SyncCacheClient(ClientCore):
+class SyncCacheClient(ClientCore[SyncRedisClient, redis.Redis]):
     """The same protocol for synchronous applications, over redis-py's blocking ``Redis`` or
     ``RedisCluster`` (cluster redirects followed as by the asyncio client)."""
-
-    def __init__(
-        self,
-        client: SyncRedisClient,
-        *,
-        prefix: str = "fk",
-        l1: L1Cache | None = None,
-        l3: redis.Redis | None = None,
-        lease_ttl_ms: int = 2_000,
-        entry_ttl_ms: int | None = None,
-        hits: HitRecorder | None = None,
-    ) -> None:
-        super().__init__(
-            prefix=prefix,
-            l1=l1,
-            lease_ttl_ms=lease_ttl_ms,
-            entry_ttl_ms=entry_ttl_ms,
-            hits=hits,
-            has_l3=l3 is not None,
-        )
-        self.redis = client
-        self.l3 = l3
 
     def get(self, namespace: str, key_values: Sequence[KeyValue]) -> Hit | Miss:
         """See :meth:`ClientCore.get_steps`."""
@@ -70,13 +47,11 @@ class SyncCacheClient(ClientCore):
         )
 
     def _run(self, steps: Steps[T], loader: SyncLoader | None = None) -> T:
-        reply: Any = None  # a fresh generator takes None first
-        while True:
-            try:
-                op = steps.send(reply)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
-            reply = self._do(op, loader)
+        runner = StepRunner(steps)
+        op = runner.next(None)
+        while op is not None:
+            op = runner.next(self._do(op, loader))
+        return runner.result
 
     def _do(self, op: Op, loader: SyncLoader | None) -> Any:
         if op.name == "script":

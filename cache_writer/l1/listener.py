@@ -46,12 +46,17 @@ def apply_message(message: dict[str, Any], caches: list[L1Cache]) -> bool:
     """Apply one Pub/Sub message of the invalidation channel; True when it confirms the subscription
     (the caches were flushed while unsubscribed and serve again from now on)."""
     if message["type"] == "subscribe":
-        for cache in caches:
-            cache.mark(True)
+        mark(caches, healthy=True)
         return True
     if message["type"] == "message":
         dispatch_broadcast(message["data"], caches)
     return False
+
+
+def mark(caches: list[L1Cache], *, healthy: bool) -> None:
+    """Flush every cache and let it serve (subscribed) or not (the broadcast may have been missed)."""
+    for cache in caches:
+        cache.mark(healthy)
 
 
 def parse_broadcast(message: bytes | str) -> tuple[str, int, str] | None:
@@ -93,8 +98,7 @@ class InvalidationListener:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        for cache in self._caches:
-            cache.mark(False)
+        mark(self._caches, healthy=False)
 
     async def _run(self) -> None:
         backoff = 0.05
@@ -116,8 +120,7 @@ class InvalidationListener:
                 log.warning("invalidation channel lost (%s): L1 flushed until resubscribed", exc)
             finally:
                 self.subscribed.clear()
-                for cache in self._caches:
-                    cache.mark(False)
+                mark(self._caches, healthy=False)
                 with contextlib.suppress(redis.RedisError, OSError):
                     await pubsub.aclose()  # type: ignore[no-untyped-call]
             self.reconnects += 1
@@ -142,8 +145,7 @@ class ThreadedInvalidationListener:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
-        for cache in self._caches:
-            cache.mark(False)
+        mark(self._caches, healthy=False)
 
     def _run(self) -> None:
         backoff = 0.05
@@ -163,8 +165,7 @@ class ThreadedInvalidationListener:
                 log.warning("invalidation channel lost (%s): L1 flushed until resubscribed", exc)
             finally:
                 self.subscribed.clear()
-                for cache in self._caches:
-                    cache.mark(False)
+                mark(self._caches, healthy=False)
                 pubsub.close()
             self._stop.wait(backoff)
             backoff = min(backoff * 2, 2.0)

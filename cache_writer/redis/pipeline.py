@@ -46,11 +46,13 @@ from redis.exceptions import ConnectionError, TimeoutError
 from cache_writer.redis.redirects import (
     MAX_ROUNDS,
     RedirectStats,
+    Step,
     Target,
     by_node,
     pipeline_steps,
     routed,
 )
+from cache_writer.steps import StepRunner
 
 RedisClient: TypeAlias = aioredis.Redis | aioredis.RedisCluster
 """What the asyncio tiers and readers accept: one Redis, or a Redis Cluster client."""
@@ -76,6 +78,12 @@ def is_cluster(client: RedisClient | SyncRedisClient) -> bool:
     return isinstance(client, aioredis.RedisCluster | redis.RedisCluster)
 
 
+def _runner(
+    count: int, scripts: Sequence[str], cluster: bool, stats: RedirectStats | None
+) -> StepRunner[Step, list[Any]]:
+    return StepRunner(pipeline_steps(count, scripts=bool(scripts), follow_redirects=cluster, stats=stats))
+
+
 # --- asyncio ---------------------------------------------------------------------------------------------
 
 
@@ -92,22 +100,17 @@ async def run_pipeline(
     """
     if not commands:
         return []
-    driver: _AsyncCluster | _AsyncSingle = (
-        _AsyncCluster(client, commands, scripts)
-        if isinstance(client, aioredis.RedisCluster)
-        else _AsyncSingle(client, commands, scripts)
-    )
-    steps = pipeline_steps(
-        len(commands), scripts=bool(scripts), follow_redirects=isinstance(driver, _AsyncCluster), stats=stats
-    )
+    driver: _AsyncCluster | _AsyncSingle
+    if isinstance(client, aioredis.RedisCluster):
+        driver = _AsyncCluster(client, commands, scripts)
+    else:
+        driver = _AsyncSingle(client, commands, scripts)
+    steps = _runner(len(commands), scripts, isinstance(driver, _AsyncCluster), stats)
     try:
-        reply: Any = None  # a fresh generator takes None first
-        while True:
-            try:
-                step = steps.send(reply)
-            except StopIteration as done:
-                return list(done.value)
-            reply = await getattr(driver, step.op)(*step.args)
+        step = steps.next(None)
+        while step is not None:
+            step = steps.next(await getattr(driver, step.op)(*step.args))
+        return steps.result
     finally:
         await driver.close()
 
@@ -204,22 +207,17 @@ def run_pipeline_sync(
     """:func:`run_pipeline` for redis-py's blocking clients: the same replies, redirects and reloads."""
     if not commands:
         return []
-    driver: _SyncCluster | _SyncSingle = (
-        _SyncCluster(client, commands, scripts)
-        if isinstance(client, redis.RedisCluster)
-        else _SyncSingle(client, commands, scripts)
-    )
-    steps = pipeline_steps(
-        len(commands), scripts=bool(scripts), follow_redirects=isinstance(driver, _SyncCluster), stats=stats
-    )
+    driver: _SyncCluster | _SyncSingle
+    if isinstance(client, redis.RedisCluster):
+        driver = _SyncCluster(client, commands, scripts)
+    else:
+        driver = _SyncSingle(client, commands, scripts)
+    steps = _runner(len(commands), scripts, isinstance(driver, _SyncCluster), stats)
     try:
-        reply: Any = None  # a fresh generator takes None first
-        while True:
-            try:
-                step = steps.send(reply)
-            except StopIteration as done:
-                return list(done.value)
-            reply = getattr(driver, step.op)(*step.args)
+        step = steps.next(None)
+        while step is not None:
+            step = steps.next(getattr(driver, step.op)(*step.args))
+        return steps.result
     finally:
         driver.close()
 

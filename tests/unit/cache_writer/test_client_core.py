@@ -34,8 +34,9 @@ def replies(*answers: Any) -> Callable[[Op], Any]:
     return lambda op: queue.pop(0)
 
 
-def core(**kwargs: Any) -> ClientCore:
-    return ClientCore(prefix="fk", l1=kwargs.pop("l1", None), lease_ttl_ms=2000, entry_ttl_ms=None, **kwargs)
+def core(*, has_l3: bool = False, **kwargs: Any) -> ClientCore[Any, Any]:
+    """A client core with no I/O behind it (``has_l3``: it has an outer tier to read)."""
+    return ClientCore(None, l3=object() if has_l3 else None, **kwargs)
 
 
 def test_an_l2_hit_is_kept_in_l1_and_the_next_read_needs_no_redis() -> None:
