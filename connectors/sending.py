@@ -37,7 +37,7 @@ DDL_QUERY_CHARS = 16_000
 the table's columns from the database; the statement is only a record)."""
 
 
-class Producer(Protocol):
+class MessageProducer(Protocol):
     """What the sender needs of a producer (:class:`~connectors.kafka.producer.ChangeProducer`)."""
 
     def produce(
@@ -72,7 +72,7 @@ class Sender:
         kafka: KafkaSettings,
         limit: MessageLimit,
         tracker: CheckpointTracker,
-        producer: Producer,
+        producer: MessageProducer,
         *,
         stats: ConnectorStats,
         metrics: ConnectorMetrics,

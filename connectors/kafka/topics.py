@@ -7,7 +7,6 @@ count, a creation the broker forbids) raises :class:`ConfigurationError`.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -17,8 +16,6 @@ from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec  # type: ign
 from connectors.exceptions import ConfigurationError, KafkaUnavailableError, retry_cause
 from connectors.kafka.librdkafka import LIBRDKAFKA_LOGGER
 from connectors.settings import KafkaSettings
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
