@@ -41,7 +41,7 @@ import redis
 import redis.asyncio as aioredis
 import redis.cluster as sync_cluster
 from redis.asyncio.cluster import ClusterNode, PipelineCommand
-from redis.exceptions import ConnectionError, TimeoutError
+from redis.exceptions import ConnectionError, ResponseError, TimeoutError
 
 from cache_writer.redis.redirects import (
     MAX_ROUNDS,
@@ -120,6 +120,11 @@ class _AsyncSingle:
         self.client, self.commands, self.scripts = client, commands, scripts
 
     async def send(self, pending: Pending) -> list[Any]:
+        if len(pending) == 1:  # one command: no pipeline object (a client read is one script call)
+            try:
+                return [await self.client.execute_command(*self.commands[pending[0][0]])]  # type: ignore[no-untyped-call]
+            except ResponseError as exc:  # an error reply, as a pipeline returns it
+                return [exc]
         async with self.client.pipeline(transaction=False) as pipe:
             for index, _ in pending:
                 pipe.execute_command(*self.commands[index])
@@ -227,6 +232,11 @@ class _SyncSingle:
         self.client, self.commands, self.scripts = client, commands, scripts
 
     def send(self, pending: Pending) -> list[Any]:
+        if len(pending) == 1:  # one command: no pipeline object (a client read is one script call)
+            try:
+                return [self.client.execute_command(*self.commands[pending[0][0]])]  # type: ignore[no-untyped-call]
+            except ResponseError as exc:  # an error reply, as a pipeline returns it
+                return [exc]
         pipe: Any
         with self.client.pipeline(transaction=False) as pipe:
             for index, _ in pending:
