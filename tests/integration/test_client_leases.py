@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -376,40 +377,45 @@ def test_sync_client_reads_and_fills_through_a_live_slot_migration(redis_cluster
     assert rounds > 3
 
 
+@contextlib.contextmanager
+def _half_moved(
+    cluster: Any, client: redis.RedisCluster, namespace: str, target: str | None = None
+) -> Iterator[tuple[SyncCacheClient, list[str]]]:
+    """A blocking client on ``client``, and 8 entries of ``namespace`` (under a signature) all moved to
+    ``target`` while the slot still belongs to its source; the slot is given to the target on exit."""
+    cache = SyncCacheClient(client, prefix=f"t{uuid.uuid4().hex[:8]}")
+    keys = [cache.key(namespace, [i]) for i in range(8)]
+    asyncio.run(_prepare(cluster, cache.prefix, namespace, keys))
+    migration = Migration.plan(client, keys[0], target)
+    migration.begin()
+    try:
+        migration.move_keys(limit=None)
+        yield cache, keys
+    finally:
+        migration.finish()
+
+
 def test_sync_client_follows_ask_while_the_slot_is_half_moved_and_a_client_that_does_not_fails(
     redis_cluster: Any,
 ) -> None:
     """Every key of the namespace is on the importing node, the slot still the source's: each read is an
     ASK. The client follows it; the same read without following the redirect fails (negative control).
-    A fill needs both keys of its script on one node: it waits (TRYAGAIN) until the slot has moved."""
-    prefix = f"t{uuid.uuid4().hex[:8]}"
-    namespace = "halfway"
-    client = _sync_cluster(redis_cluster)
-    cache = SyncCacheClient(client, prefix=prefix)
-    keys = [cache.key(namespace, [i]) for i in range(8)]
-    asyncio.run(_prepare(redis_cluster, prefix, namespace, keys))
-    migration = Migration.plan(client, keys[0])
-    migration.begin()
-    try:
-        migration.move_keys(limit=None)
-        hits = [cache.get(namespace, [i]) for i in range(8)]
-        raw = client.pipeline(transaction=False).send_cluster_commands(
-            [PipelineCommand(("HGET", keys[0], "d"), position=0)],
-            raise_on_error=False,
-            allow_redirections=False,
-        )
-    finally:
-        migration.finish()
-    try:
+    Once the slot has moved, the client's stale slot map is corrected by a MOVED."""
+    with contextlib.closing(_sync_cluster(redis_cluster)) as client:
+        with _half_moved(redis_cluster, client, "halfway") as (cache, keys):
+            hits = [cache.get("halfway", [i]) for i in range(8)]
+            raw = client.pipeline(transaction=False).send_cluster_commands(
+                [PipelineCommand(("HGET", keys[0], "d"), position=0)],
+                raise_on_error=False,
+                allow_redirections=False,
+            )
         assert all(isinstance(h, Hit) and h.value == b'"w%d"' % i for i, h in enumerate(hits)), hits
         assert cache.redirects.ask >= 8
         assert isinstance(raw[0], AskError), f"without following ASK the read fails: {raw[0]!r}"
         before = cache.redirects.moved
-        assert isinstance(cache.get(namespace, [0]), Hit)
+        assert isinstance(cache.get("halfway", [0]), Hit)
         assert cache.redirects.moved == before + 1, "the stale slot map is corrected by the MOVED"
-        assert cache.get_or_load(namespace, [99], lambda: (b'"new"', 1)) == b'"new"'
-    finally:
-        client.close()
+        assert cache.get_or_load("halfway", [99], lambda: (b'"new"', 1)) == b'"new"'
 
 
 def test_sync_client_follows_ask_to_a_node_that_just_joined_where_redis_py_fails(redis_cluster: Any) -> None:
@@ -419,25 +425,16 @@ def test_sync_client_follows_ask_to_a_node_that_just_joined_where_redis_py_fails
     if redis_cluster.local is None:
         pytest.skip("adding a node needs the harness's own cluster (FRESHKEY_TEST_REDIS_CLUSTER is external)")
     new_node = redis_cluster.local.add_node()
-    prefix = f"t{uuid.uuid4().hex[:8]}"
-    namespace = "grown"
-    client = _sync_cluster(redis_cluster)
-    cache = SyncCacheClient(client, prefix=prefix)
-    keys = [cache.key(namespace, [i]) for i in range(8)]
-    asyncio.run(_prepare(redis_cluster, prefix, namespace, keys))
-    migration = Migration.plan(client, keys[0], target=new_node)
-    migration.begin()
-    try:
-        migration.move_keys(limit=None)
-        hits = [cache.get(namespace, [i]) for i in range(8)]
+    with (
+        contextlib.closing(_sync_cluster(redis_cluster)) as client,
+        _half_moved(redis_cluster, client, "grown", new_node) as (cache, keys),
+    ):
+        hits = [cache.get("grown", [i]) for i in range(8)]
         stock: Any
         try:
             stock = client.evalsha(scripts.GET_OR_LEASE.sha, 2, keys[0], signature_key_of(keys[0]), "t", 2000)
         except Exception as exc:
             stock = exc
-    finally:
-        migration.finish()
-        client.close()
     assert all(isinstance(h, Hit) and h.value == b'"w%d"' % i for i, h in enumerate(hits)), hits
     assert cache.redirects.ask >= 8 and cache.redirects.noscript >= 1, cache.redirects
     assert isinstance(stock, Exception), (
