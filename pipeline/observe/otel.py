@@ -6,8 +6,9 @@ without ``_total``); the Prometheus exporter turns a counter ``freshkey.events``
 code can export, so that dashboards can be checked against it. Each series carries the labels
 ``otel_scope_name``, ``otel_scope_version`` and ``otel_scope_schema_url``.
 
-Nothing is recorded per change. Counters are added once per batch and kind (attributes built once and
-kept). The lag and stage histograms (``freshkey_lag_milliseconds_*``, ``freshkey_stage_duration_
+Nothing is recorded per change, and no OpenTelemetry call is made per batch: the event and outcome
+counters are observable counters that read this observer's own tallies at collection time (a batch
+adds to two dicts). The lag and stage histograms (``freshkey_lag_milliseconds_*``, ``freshkey_stage_duration_
 milliseconds_*``) are not OpenTelemetry instruments: the OpenTelemetry API records one value per call, and
 four calls per change were a quarter of the worker's CPU (issue 9). They are read from the worker's lag
 sketch at scrape time by :class:`SketchHistograms`, a Prometheus collector on the same endpoint, with the
@@ -21,6 +22,8 @@ The SDK set-up is :mod:`pipeline.observe.telemetry` (re-exported here); traces a
 from __future__ import annotations
 
 import contextlib
+import threading
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -170,13 +173,20 @@ class OtelObserver:
         self._highs: dict[str, dict[int, int]] = {}
         self._sla: Callable[[], SlaState | None] | None = None
         self._progress: ConsumerProgress | None = None
-        self._kind_attrs: dict[str, Mapping[str, str]] = {}
-        self._outcome_attrs: dict[tuple[str, str, str], Mapping[str, str]] = {}
-        self.events = meter.create_counter(
-            EVENTS, unit="{event}", description="Messages handled, by kind (op, ddl, unbound, dead_lettered)."
+        self._lock = threading.Lock()
+        self.events: Counter[str] = Counter()
+        """Messages handled, by kind, since start (read at each collection)."""
+        self.outcomes: Counter[tuple[str, str, str]] = Counter()
+        """Cache actions by (tier, namespace, outcome), since start."""
+        meter.create_observable_counter(
+            EVENTS,
+            callbacks=[self._observe_events],
+            unit="{event}",
+            description="Messages handled, by kind (op, ddl, unbound, dead_lettered).",
         )
-        self.outcomes = meter.create_counter(
+        meter.create_observable_counter(
             CACHE_OUTCOMES,
+            callbacks=[self._observe_outcomes],
             unit="{action}",
             description="Cache actions per tier and outcome (applied, tombstoned, not_newer, fenced).",
         )
@@ -224,24 +234,6 @@ class OtelObserver:
         ):
             meter.create_observable_gauge(name, callbacks=[callback], unit=unit, description=description)
 
-    # Attributes are built once per distinct value and kept: a batch adds to each counter once per kind.
-    def _kind(self, kind: str) -> Mapping[str, str]:
-        attrs = self._kind_attrs.get(kind)
-        if attrs is None:
-            attrs = self._kind_attrs[kind] = {ATTR_KIND: kind}
-        return attrs
-
-    def _outcome(self, key: tuple[str, str, str]) -> Mapping[str, str]:
-        attrs = self._outcome_attrs.get(key)
-        if attrs is None:
-            tier, namespace, outcome = key
-            attrs = self._outcome_attrs[key] = {
-                ATTR_TIER: tier,
-                ATTR_NAMESPACE: namespace,
-                ATTR_OUTCOME: outcome,
-            }
-        return attrs
-
     # -- ApplyObserver --------------------------------------------------------------------------------
     def attach(self, sketch: LagSketch) -> None:
         """Export the sketch's histograms on ``registry`` (once)."""
@@ -250,13 +242,13 @@ class OtelObserver:
             self.registry.register(self.histograms)
 
     def on_event(self, kind: str) -> None:
-        self.events.add(1, self._kind(kind))
+        with self._lock:
+            self.events[kind] += 1
 
     def on_batch(self, report: BatchReport) -> None:
-        for kind, count in report.events.items():
-            self.events.add(count, self._kind(kind))
-        for key, count in report.outcomes.items():
-            self.outcomes.add(count, self._outcome(key))
+        with self._lock:
+            self.events.update(report.events)
+            self.outcomes.update(report.outcomes)
         self.tracer.on_batch(report)
 
     def on_offset(self, topic: str, partition: int, offset: int) -> None:
@@ -310,7 +302,20 @@ class OtelObserver:
         with self.tracer.trace_batch(planned, received_ms=received_ms, planned_ms=planned_ms):
             yield
 
-    # -- observable gauges ----------------------------------------------------------------------------
+    # -- observable instruments (called by the Prometheus scrape thread) -----------------------------
+    def _observe_events(self, options: CallbackOptions) -> Iterable[Observation]:
+        with self._lock:
+            counts = list(self.events.items())
+        return [Observation(count, {ATTR_KIND: kind}) for kind, count in counts]
+
+    def _observe_outcomes(self, options: CallbackOptions) -> Iterable[Observation]:
+        with self._lock:
+            counts = list(self.outcomes.items())
+        return [
+            Observation(count, {ATTR_TIER: tier, ATTR_NAMESPACE: namespace, ATTR_OUTCOME: outcome})
+            for (tier, namespace, outcome), count in counts
+        ]
+
     def _observe_consumer_lag(self, options: CallbackOptions) -> Iterable[Observation]:
         return [
             Observation(lag, {ATTR_TOPIC: topic, ATTR_PARTITION: str(partition)})

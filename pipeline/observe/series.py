@@ -82,7 +82,7 @@ class SeriesRecorder:
 
     # -- ApplyObserver --------------------------------------------------------------------------------
     def attach(self, sketch: LagSketch) -> None:
-        sketch.retention_s = max(sketch.retention_s, self.retention_s)
+        sketch.retain(self.retention_s)
         self.sketch = sketch
 
     def on_event(self, kind: str) -> None:

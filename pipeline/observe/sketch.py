@@ -5,54 +5,71 @@ What it keeps. Samples (ms) per key ``(kind, name)``: :data:`LAG` (commit-to-cac
 precise clock), :data:`COARSE` (the same, one-second binlog clock: counted and exported, never in a
 percentile) and :data:`STAGE` (time spent in one stage of the path, see :mod:`pipeline.observe`). They
 are kept in one-second slots, each a histogram, and in since-start totals. A batch is recorded at once
-(one ``searchsorted`` and one ``bincount`` per key), never change by change.
+per key (one ``searchsorted`` and one ``bincount``; a few values are counted one by one, cheaper than
+numpy's fixed cost), never with a call per change.
 
-Buckets. Upper bounds grow by ``2 ** (1 / 16)`` from :data:`MIN_BUCKET_MS` to :data:`MAX_BUCKET_MS`; the
-sketch's *exact bounds* (the Prometheus bucket bounds, the SLA thresholds) are inserted among them.
-Bucket ``i`` holds ``(bounds[i-1], bounds[i]]``; a value above the last bound goes to an overflow bucket,
-one at or below :data:`MIN_BUCKET_MS` (clock skew can make it negative) to the first.
-
-Percentiles. Nearest rank: the q-quantile of n samples is the ``ceil(q n)``-th smallest, reported as the
-upper bound of its bucket, capped by the exact maximum. For a true quantile ``x`` above
-:data:`MIN_BUCKET_MS` the reported value ``e`` satisfies ``x <= e < x * 1.0443`` (never low, at most
-4.43 % high), and for an exact bound ``T``: ``e <= T`` exactly when ``x <= T``, i.e. exactly when at least
-``ceil(q n)`` samples are ``<= T``. A decision "p99 <= T" and the p99 printed beside it always agree.
+Buckets and percentiles: :mod:`pipeline.observe.buckets` (nearest rank, at most 4.43 % high, never
+low; exact at the sketch's exact bounds: the Prometheus bucket bounds and the SLA thresholds).
 
 Windows. "The last W s" as of ``now`` are the ``ceil(W)`` whole seconds before the current one,
 ``[floor(now) - ceil(W), floor(now))``: the current second, still filling, is left out, so every reading
 made within one second (``/freshkey/stats``, the SLA evaluation, the dashboard) covers the same samples
 and gives the same figures. A window is at most one second late.
 
-Memory is bounded: slots older than ``retention_s`` are dropped, and a slot holds, per key, only the run
-of buckets its samples touched. Thread-safe (a lock): recorded and mostly read on the worker's event
-loop, read by the Prometheus scrape thread too.
+Memory is bounded: slots older than ``retention_s`` are dropped, and a slot that is over holds, per key,
+only the run of buckets its samples touched. Thread-safe (a lock): recorded and mostly read on the
+worker's event loop, read by the Prometheus scrape thread too.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
+from pipeline.observe.buckets import (
+    BOUNDS,
+    BUCKETS,
+    GROWTH,
+    MAX_BUCKET_MS,
+    MIN_BUCKET_MS,
+    P50,
+    P99,
+    BucketScheme,
+    Cells,
+    Reading,
+    Values,
+    rank,
+)
 from schemas.metrics import LAG_BUCKETS_MS, STAGE_BUCKETS_MS
 
-P50 = 0.5
-P99 = 0.99
-MIN_BUCKET_MS = 0.1
-"""Upper bound of the first bucket; lower lags (and negative ones, from clock skew) go there."""
-GROWTH = 2 ** (1 / 16)
-"""Ratio of consecutive geometric bounds: percentiles are reported at most ``GROWTH - 1`` (4.43 %) high."""
-MAX_BUCKET_MS = 3_600_000.0
-BUCKETS = math.ceil(math.log(MAX_BUCKET_MS / MIN_BUCKET_MS, GROWTH)) + 1
-BOUNDS: tuple[float, ...] = tuple(MIN_BUCKET_MS * GROWTH**i for i in range(BUCKETS))
-"""The geometric upper bounds (inclusive); a sketch inserts its exact bounds among them."""
+__all__ = [
+    "BOUNDS",
+    "BUCKETS",
+    "COARSE",
+    "DEFAULT_WINDOWS_S",
+    "EXPORT_BOUNDS_MS",
+    "GROWTH",
+    "LAG",
+    "MAX_BUCKET_MS",
+    "MIN_BUCKET_MS",
+    "P50",
+    "P99",
+    "STAGE",
+    "BucketScheme",
+    "Key",
+    "LagSketch",
+    "Reading",
+    "Values",
+    "rank",
+    "window_name",
+]
 
 LAG = "lag"
 COARSE = "coarse"
@@ -65,123 +82,24 @@ EXPORT_BOUNDS_MS: tuple[float, ...] = tuple(sorted({*LAG_BUCKETS_MS, *STAGE_BUCK
 DEFAULT_WINDOWS_S: tuple[float, ...] = (10.0, 60.0)
 """The windows every reader reports (the SLA adds its evaluation window)."""
 
-Values = npt.NDArray[np.float64]
-Counts = npt.NDArray[np.int64]
-
-
-def rank(q: float, n: int) -> int:
-    """The nearest rank of the q-quantile among n samples: ``ceil(q n)``, at least 1.
-
-    Rounded to 9 decimals first, so that ``0.99 * 100`` is 99 and not 100 (binary floating point).
-    """
-    return max(1, math.ceil(round(q * n, 9)))
-
 
 def window_name(seconds: float | None) -> str:
     """``last_60s`` (``None``: ``since_start``): the key of a window in the JSON answers."""
     return "since_start" if seconds is None else f"last_{seconds:g}s"
 
 
-class BucketScheme:
-    """The bucket bounds of one sketch: the geometric ones with ``exact`` inserted."""
-
-    def __init__(self, exact_ms: Iterable[float] = ()) -> None:
-        exact = sorted({float(b) for b in exact_ms})
-        for bound in exact:
-            if not (math.isfinite(bound) and 0 < bound <= MAX_BUCKET_MS):
-                raise ValueError(f"an exact bound must be in (0, {MAX_BUCKET_MS:g}] ms, not {bound!r}")
-        self.exact: tuple[float, ...] = tuple(exact)
-        self.bounds: Values = np.unique(np.array((*BOUNDS, *exact), dtype=np.float64))
-        self.size = len(self.bounds) + 1
-        """Buckets, the overflow bucket included."""
-
-    def index(self, values: Values) -> npt.NDArray[np.intp]:
-        """The bucket of each value."""
-        return np.searchsorted(self.bounds, values, side="left")
-
-    def position(self, bound: float) -> int:
-        """The bucket that ``bound`` closes; a ValueError unless it is one of the bounds."""
-        i = int(np.searchsorted(self.bounds, bound, side="left"))
-        if i >= len(self.bounds) or self.bounds[i] != bound:
-            raise ValueError(f"{bound:g} ms is not an exact bound of this sketch ({self.exact})")
-        return i
-
-
-@dataclass(slots=True)
-class _Cells:
-    """The samples of one key in one slot (or since start): counts of the buckets ``lo, lo + 1, ...``."""
-
-    lo: int
-    counts: Counts
-    n: int = 0
-    total: float = 0.0
-    """Sum of the samples, negative ones counted as 0 (what a Prometheus histogram sums)."""
-    max: float = -math.inf
-
-    def add(self, lo: int, counts: Counts, n: int, total: float, top: float) -> None:
-        hi, mine = lo + len(counts), self.lo + len(self.counts)
-        if lo < self.lo or hi > mine:
-            start, end = min(lo, self.lo), max(hi, mine)
-            grown = np.zeros(end - start, dtype=np.int64)
-            grown[self.lo - start : mine - start] = self.counts
-            self.lo, self.counts = start, grown
-        self.counts[lo - self.lo : hi - self.lo] += counts
-        self.n += n
-        self.total += total
-        self.max = max(self.max, top)
+SMALL_BATCH = 24
+"""Up to this many values are counted one by one (cheaper than numpy's fixed cost per call)."""
 
 
 @dataclass(slots=True)
 class _Slot:
     t: int
-    cells: dict[Key, _Cells] = field(default_factory=dict)
+    cells: dict[Key, Cells] = field(default_factory=dict)
 
-
-@dataclass(frozen=True)
-class Reading:
-    """The samples of some keys over one window: what every figure is computed from."""
-
-    scheme: BucketScheme
-    counts: Counts
-    """Dense: one count per bucket of the scheme (overflow last)."""
-    n: int
-    max: float
-    """-inf when there is no sample."""
-    total: float
-    window_s: float | None
-    """None: since start."""
-    end: int | None
-    """The window is ``[end - ceil(window_s), end)`` (unix s); None: since start, up to now."""
-
-    @classmethod
-    def of(
-        cls, scheme: BucketScheme, cells: Iterable[_Cells], window_s: float | None, end: int | None
-    ) -> Reading:
-        counts = np.zeros(scheme.size, dtype=np.int64)
-        n, total, top = 0, 0.0, -math.inf
-        for c in cells:
-            counts[c.lo : c.lo + len(c.counts)] += c.counts
-            n, total, top = n + c.n, total + c.total, max(top, c.max)
-        return cls(scheme, counts, n, top, total, window_s, end)
-
-    def quantile(self, q: float) -> float | None:
-        """The nearest-rank q-quantile as described in the module docstring; None without samples."""
-        if self.n == 0:
-            return None
-        i = int(np.searchsorted(np.cumsum(self.counts), rank(q, self.n), side="left"))
-        return min(float(self.scheme.bounds[i]), self.max) if i < len(self.scheme.bounds) else self.max
-
-    def at_most(self, bound: float) -> int:
-        """How many samples are ``<= bound``, exactly (``bound`` must be an exact bound of the sketch)."""
-        return int(self.counts[: self.scheme.position(bound) + 1].sum())
-
-    def summary(self, quantiles: Mapping[str, float] | None = None) -> dict[str, Any]:
-        """``{"window_s", "samples", "p50", "p99", "max"}`` (or the quantiles named); None when empty."""
-        result: dict[str, Any] = {"window_s": self.window_s, "samples": self.n}
-        for name, q in (quantiles or {"p50": P50, "p99": P99}).items():
-            result[name] = self.quantile(q)
-        result["max"] = self.max if self.n else None
-        return result
+    def close(self) -> None:
+        """Nothing more is added: keep only the buckets touched."""
+        self.cells = {key: cells.compacted() for key, cells in self.cells.items()}
 
 
 class LagSketch:
@@ -203,6 +121,7 @@ class LagSketch:
         if retention_s < 1:
             raise ValueError(f"retention_s={retention_s}: keep at least one second")
         self.scheme = BucketScheme((*EXPORT_BOUNDS_MS, *exact_bounds_ms))
+        self._bounds = tuple(float(b) for b in self.scheme.bounds)
         self.retention_s = retention_s
         self.windows_s: tuple[float, ...] = ()
         for seconds in windows_s:
@@ -210,7 +129,8 @@ class LagSketch:
         self.clock = clock
         self._lock = threading.Lock()
         self._slots: deque[_Slot] = deque()
-        self._totals: dict[Key, _Cells] = {}
+        self._by_t: dict[int, _Slot] = {}
+        self._totals: dict[Key, Cells] = {}
         """Since start, in the order the keys were first recorded."""
 
     # -- configuration ------------------------------------------------------------------------------
@@ -227,58 +147,91 @@ class LagSketch:
                     "now; attach the SLA evaluator before the worker applies anything"
                 )
             self.scheme = BucketScheme((*self.scheme.exact, *missing))
+            self._bounds = tuple(float(b) for b in self.scheme.bounds)
+
+    def retain(self, seconds: int) -> None:
+        """Keep at least the last ``seconds`` seconds."""
+        self.retention_s = max(self.retention_s, seconds)
 
     def add_window(self, seconds: float) -> None:
         """Report this window too (and keep the slots it needs)."""
         if not (math.isfinite(seconds) and seconds > 0):
             raise ValueError(f"a window is a positive number of seconds, not {seconds!r}")
         self.windows_s = tuple(sorted({*self.windows_s, float(seconds)}))
-        self.retention_s = max(self.retention_s, math.ceil(seconds))
+        self.retain(math.ceil(seconds))
 
     # -- recording ----------------------------------------------------------------------------------
     def record(self, key: Key, values: Sequence[float] | Values, *, at: float | None = None) -> None:
         """Samples of ``key`` (ms) taken at ``at`` (unix s; default: now). NaN and infinities are dropped."""
-        v = np.asarray(values, dtype=np.float64)
-        if v.ndim != 1:
-            v = v.ravel()
-        finite = np.isfinite(v)
-        if not finite.all():
-            v = v[finite]
-        if v.size == 0:
+        t = math.floor(self.clock() if at is None else at)
+        if len(values) > SMALL_BATCH:
+            v = np.asarray(values, dtype=np.float64).ravel()
+            finite = np.isfinite(v)
+            if not finite.all():
+                v = v[finite]
+            if v.size == 0:
+                return
+            counts = np.bincount(self.scheme.index(v), minlength=self.scheme.size)
+            n, total, top = int(v.size), float(np.maximum(v, 0.0).sum()), float(v.max())
+            with self._lock:
+                for cells in self._cells(key, t):
+                    cells.counts += counts
+                    cells.n += n
+                    cells.total += total
+                    cells.max = max(cells.max, top)
             return
-        scheme = self.scheme
-        idx = scheme.index(v)
-        lo = int(idx.min())
-        counts = np.bincount(idx - lo).astype(np.int64, copy=False)
-        self._add(key, lo, counts, int(v.size), float(np.maximum(v, 0.0).sum()), float(v.max()), at)
+        bounds, buckets, total, top = self._bounds, [], 0.0, -math.inf
+        for x in values.tolist() if isinstance(values, np.ndarray) else values:
+            if math.isfinite(x):
+                buckets.append(bisect.bisect_left(bounds, x))
+                total += x if x > 0 else 0.0
+                top = x if x > top else top
+        n = len(buckets)
+        if not n:
+            return
+        with self._lock:
+            for cells in self._cells(key, t):
+                for i in buckets:
+                    cells.counts[i] += 1
+                cells.n += n
+                cells.total += total
+                cells.max = max(cells.max, top)
 
     def record_repeated(self, key: Key, value: float, count: int, *, at: float | None = None) -> None:
         """``count`` samples of the same value (a stage the whole batch spent together)."""
         if count <= 0 or not math.isfinite(value):
             return
-        lo = int(np.searchsorted(self.scheme.bounds, value, side="left"))
-        self._add(key, lo, np.array([count], dtype=np.int64), count, max(value, 0.0) * count, value, at)
-
-    def _add(
-        self, key: Key, lo: int, counts: Counts, n: int, total: float, top: float, at: float | None
-    ) -> None:
         t = math.floor(self.clock() if at is None else at)
+        i = bisect.bisect_left(self._bounds, value)
         with self._lock:
-            slots = self._slots
-            if not slots or t > slots[-1].t:
-                slots.append(_Slot(t))
-                self._expire(t)
-            # A wall clock stepped back adds to the newest slot.
-            for cells in (slots[-1].cells, self._totals):
-                held = cells.get(key)
-                if held is None:
-                    cells[key] = _Cells(lo, counts.copy(), n, total, top)
-                else:
-                    held.add(lo, counts, n, total, top)
+            for cells in self._cells(key, t):
+                cells.counts[i] += count
+                cells.n += count
+                cells.total += max(value, 0.0) * count
+                cells.max = max(cells.max, value)
+
+    def _cells(self, key: Key, t: int) -> tuple[Cells, Cells]:
+        """The open cells of ``key`` for second ``t`` and since start (under the lock)."""
+        slots = self._slots
+        if not slots or t > slots[-1].t:
+            if slots:
+                slots[-1].close()
+            slot = _Slot(t)
+            slots.append(slot)
+            self._by_t[t] = slot
+            self._expire(t)
+        # A wall clock stepped back adds to the newest slot.
+        current = slots[-1].cells.get(key)
+        if current is None:
+            current = slots[-1].cells[key] = Cells(0, np.zeros(self.scheme.size, dtype=np.int64))
+        total = self._totals.get(key)
+        if total is None:
+            total = self._totals[key] = Cells(0, np.zeros(self.scheme.size, dtype=np.int64))
+        return current, total
 
     def _expire(self, now_s: int) -> None:
         while self._slots and self._slots[0].t < now_s - self.retention_s:
-            self._slots.popleft()
+            del self._by_t[self._slots.popleft().t]
 
     # -- reading ------------------------------------------------------------------------------------
     def names(self, kind: str) -> list[str]:
@@ -295,27 +248,44 @@ class LagSketch:
     ) -> Reading:
         """The samples of ``kind`` (only ``names``; None: every name) in the last ``seconds`` at ``now``."""
         end = self.end(now)
-        start = end - max(1, math.ceil(seconds - 1e-9))
         with self._lock:
             cells = [
                 c
-                for slot in self._slots
-                if start <= slot.t < end
+                for slot in self._window_slots(seconds, end)
                 for (k, name), c in slot.cells.items()
                 if k == kind and (names is None or name in names)
             ]
             return Reading.of(self.scheme, cells, seconds, end)
 
+    def window_per_name(self, kind: str, *, seconds: float, now: float | None = None) -> dict[str, Reading]:
+        """:meth:`window` of each name of ``kind`` with samples in the window, in one pass."""
+        end = self.end(now)
+        with self._lock:
+            by_name: dict[str, list[Cells]] = {}
+            for slot in self._window_slots(seconds, end):
+                for (k, name), c in slot.cells.items():
+                    if k == kind:
+                        by_name.setdefault(name, []).append(c)
+            order = [name for k, name in self._totals if k == kind and name in by_name]
+            return {name: Reading.of(self.scheme, by_name[name], seconds, end) for name in order}
+
+    def _window_slots(self, seconds: float, end: int) -> list[_Slot]:
+        start = end - max(1, math.ceil(seconds - 1e-9))
+        if end - start > len(self._by_t):
+            return [s for s in self._slots if start <= s.t < end]
+        return [slot for t in range(start, end) if (slot := self._by_t.get(t)) is not None]
+
     def second(self, t: int, kind: str, names: Collection[str] | None = None) -> Reading:
         """The samples of one second (``[t, t + 1)``)."""
         with self._lock:
-            cells = [
-                c
-                for slot in self._slots
-                if slot.t == t
-                for (k, name), c in slot.cells.items()
-                if k == kind and (names is None or name in names)
-            ]
+            slot = self._by_t.get(t)
+            cells = (
+                []
+                if slot is None
+                else [
+                    c for (k, name), c in slot.cells.items() if k == kind and (names is None or name in names)
+                ]
+            )
             return Reading.of(self.scheme, cells, 1, t + 1)
 
     def since_start(self, kind: str, names: Collection[str] | None = None) -> Reading:
@@ -325,6 +295,15 @@ class LagSketch:
                 c for (k, name), c in self._totals.items() if k == kind and (names is None or name in names)
             ]
             return Reading.of(self.scheme, cells, None, None)
+
+    def since_start_per_name(self, kind: str) -> dict[str, Reading]:
+        """:meth:`since_start` of each name of ``kind``, in the order first recorded."""
+        with self._lock:
+            return {
+                name: Reading.of(self.scheme, [c], None, None)
+                for (k, name), c in self._totals.items()
+                if k == kind
+            }
 
     def seconds(self, since: int | None = None) -> list[int]:
         """The seconds (unix) with samples still held, from ``since`` on, oldest first."""

@@ -70,24 +70,23 @@ class WorkerStats:
         sketch = self.sketch
         end = None if seconds is None else sketch.end(now)
 
-        def read(kind: str, names: list[str] | None = None) -> Reading:
+        def read(kind: str) -> Reading:
             if seconds is None:
-                return sketch.since_start(kind, names)
-            return sketch.window(kind, names, seconds=seconds, now=end)
+                return sketch.since_start(kind)
+            return sketch.window(kind, seconds=seconds, now=end)
+
+        def per_name(kind: str) -> dict[str, Reading]:
+            if seconds is None:
+                return sketch.since_start_per_name(kind)
+            return sketch.window_per_name(kind, seconds=seconds, now=end)
 
         return {
             "window_s": seconds,
             "end": end,
             "lag_ms": read(LAG).summary(),
-            "lag_ms_by_namespace": {
-                ns: reading.summary() for ns in sketch.names(LAG) if (reading := read(LAG, [ns])).n
-            },
+            "lag_ms_by_namespace": {ns: reading.summary() for ns, reading in per_name(LAG).items()},
             "coarse_lag_samples": read(COARSE).n,
-            "stages_ms": {
-                stage: reading.summary()
-                for stage in sketch.names(STAGE)
-                if (reading := read(STAGE, [stage])).n
-            },
+            "stages_ms": {stage: reading.summary() for stage, reading in per_name(STAGE).items()},
         }
 
     def snapshot(self, *, now: float | None = None) -> dict[str, Any]:
@@ -101,7 +100,7 @@ class WorkerStats:
             "outcomes": dict(self.outcomes),
             "lag_ms": since_start["lag_ms_by_namespace"],
             "coarse_lag_samples": {
-                ns: n for ns in self.sketch.names(COARSE) if (n := self.sketch.since_start(COARSE, [ns]).n)
+                ns: reading.n for ns, reading in self.sketch.since_start_per_name(COARSE).items()
             },
             "stages_ms": since_start["stages_ms"],
             "windows": windows,

@@ -117,22 +117,55 @@ def test_instruments_and_their_attributes() -> None:
     assert otel.consumer_lag() == {("changes", 0): 5, ("changes", 1): 0}
 
 
-def test_counters_are_added_once_per_batch_and_kind_with_attributes_built_once() -> None:
-    calls: list[tuple[int, int]] = []
+class CountingMeter:
+    """A meter whose synchronous instruments note each call (observable ones are passed through)."""
 
-    class Counter:
-        def add(self, amount: int, attributes: Any) -> None:
-            calls.append((amount, id(attributes)))
+    def __init__(self, meter: Any) -> None:
+        self.meter = meter
+        self.calls: list[str] = []
 
-    otel = OtelObserver(meter=MeterProvider().get_meter("freshkey"))
-    otel.events = otel.outcomes = Counter()  # type: ignore[assignment]
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.meter, name)
+
+    def _wrap(self, name: str, inner: Any) -> Any:
+        calls = self.calls
+
+        class Noted:
+            def add(self, amount: float, attributes: Any = None) -> None:
+                calls.append(name)
+                inner.add(amount, attributes)
+
+            def record(self, amount: float, attributes: Any = None) -> None:
+                calls.append(name)
+                inner.record(amount, attributes)
+
+        return Noted()
+
+    def create_counter(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        return self._wrap(name, self.meter.create_counter(name, *args, **kwargs))
+
+    def create_histogram(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        return self._wrap(name, self.meter.create_histogram(name, *args, **kwargs))
+
+
+def test_no_opentelemetry_call_per_batch_the_counters_are_read_at_collection() -> None:
+    """A batch adds to the observer's tallies; the SDK is asked nothing until a reader collects."""
+    reader = InMemoryMetricReader()
+    meter = CountingMeter(MeterProvider(metric_readers=[reader]).get_meter("freshkey"))
+    otel = OtelObserver(meter=meter)  # type: ignore[arg-type]
     report = BatchReport(
         at=T0, events={"u": 500, "change_applied": 500}, outcomes={("redis", "a", "applied"): 500}
     )
-    otel.on_batch(report)
-    otel.on_batch(report)
-    assert [amount for amount, _ in calls] == [500] * 6, "three adds per batch, whatever its size"
-    assert calls[:3] == calls[3:], "the same attribute objects each time"
+    for _ in range(3):
+        otel.on_batch(report)
+    otel.on_event("ddl")
+    assert meter.calls == [], "no instrument is called per batch or event"
+    otel.on_leases_voided()
+    assert meter.calls == ["freshkey.leases.voided"], "(the wrapper does see synchronous calls)"
+    found = points(reader)
+    events = {p.attributes["kind"]: p.value for p in found["freshkey.events"]}
+    assert events == {"u": 1500, "change_applied": 1500, "ddl": 1}
+    assert [p.value for p in found["freshkey.cache.outcomes"]] == [1500]
 
 
 def test_consumer_gauges_from_progress_show_unknown_partitions_as_unknown_never_as_zero() -> None:

@@ -230,8 +230,8 @@ def test_memory_is_bounded_by_the_retention_and_the_buckets_touched() -> None:
         clock.now = T0 + i
         sketch.record((LAG, "ns"), np.full(100, 10.0 + i % 7))
     assert len(sketch.seconds()) <= 31, "old slots are dropped as new ones open"
-    cells = [c for s in sketch._slots for c in s.cells.values()]
-    assert max(len(c.counts) for c in cells) <= 2, "a second holds only the buckets its samples touched"
+    cells = [c for s in list(sketch._slots)[:-1] for c in s.cells.values()]
+    assert max(len(c.counts) for c in cells) <= 2, "a second that is over keeps only the buckets touched"
     sketch.add_window(120)
     assert sketch.retention_s >= 120 and 120.0 in sketch.windows_s
 
