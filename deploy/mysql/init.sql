@@ -9,7 +9,7 @@ CREATE USER IF NOT EXISTS 'freshkey'@'%' IDENTIFIED BY 'freshkey';
 -- What `freshkey doctor` checks for: read the binlog as a replica, read rows for the verifier.
 GRANT SELECT, REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO 'freshkey'@'%';
 
--- The sample multimodal table and the heartbeat table (same schema as pipeline/demo.py SCHEMA).
+-- The sample multimodal table (same schema as pipeline/demo/run.py SCHEMA).
 CREATE DATABASE IF NOT EXISTS freshkey_demo;
 
 CREATE TABLE IF NOT EXISTS freshkey_demo.assets (
@@ -20,7 +20,15 @@ CREATE TABLE IF NOT EXISTS freshkey_demo.assets (
   updated_at DATETIME(6) NOT NULL
 );
 
-CREATE TABLE IF NOT EXISTS freshkey_demo.heartbeat (
+-- The heartbeat table (connectors/heartbeat.py: FRESHKEY_HEARTBEAT_DATABASE/_TABLE default to
+-- freshkey.heartbeat; same schema as pipeline/demo/run.py SCHEMA). The heartbeat service writes it as
+-- the freshkey user, which may create it and replace its rows (REPLACE needs INSERT and DELETE) in
+-- this one database, nothing more.
+CREATE DATABASE IF NOT EXISTS freshkey;
+
+CREATE TABLE IF NOT EXISTS freshkey.heartbeat (
   id INT PRIMARY KEY,
   beat_at DATETIME(6) NOT NULL
 );
+
+GRANT CREATE, INSERT, DELETE ON freshkey.* TO 'freshkey'@'%';

@@ -7,6 +7,8 @@ from __future__ import annotations
 import base64
 import os
 import re
+import subprocess
+import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -48,8 +50,15 @@ SETTINGS_CLASSES: tuple[type[BaseSettings], ...] = (
     L3Settings,
     HeartbeatSettings,
 )
-REQUIRED_SERVICES = ("mysql", "kafka", "redis", "connector", "worker", "prometheus", "grafana")
+REQUIRED_SERVICES = ("mysql", "kafka", "redis", "connector", "worker", "heartbeat", "prometheus", "grafana")
 APP_SERVICES = ("connector", "worker")
+"""The services that read the change flow (Kafka, Redis, the bindings)."""
+HEARTBEAT_SERVICE = "heartbeat"
+"""Runs ``freshkey heartbeat``: needs MySQL only."""
+MYSQL_CLIENTS = (*APP_SERVICES, HEARTBEAT_SERVICE)
+HEARTBEAT_WRITE_PRIVILEGES = frozenset({"CREATE", "INSERT", "DELETE"})
+"""What the prober needs on its table: create it when missing, REPLACE its row (INSERT and DELETE)."""
+INIT_SQL_DIR = "/docker-entrypoint-initdb.d/"
 METRICS_PORT_FIELDS = {"worker": "prometheus_port", "connector": "connector_prometheus_port"}
 """The TelemetrySettings field that gives each app's /metrics port."""
 GRAFANA_PROVISIONING = "/etc/grafana/provisioning"
@@ -197,7 +206,7 @@ def effective_env(service: Mapping[str, Any], name: str, cls: type[BaseSettings]
 
 def check_services(compose: Compose) -> Problems:
     problems = [f"service {name!r} is missing" for name in REQUIRED_SERVICES if name not in services(compose)]
-    for name in APP_SERVICES:
+    for name in MYSQL_CLIENTS:
         service = services(compose).get(name)
         if service is None:
             continue
@@ -207,7 +216,7 @@ def check_services(compose: Compose) -> Problems:
         if service.get("restart") != "unless-stopped":
             problems.append(f"{name}: restart is {service.get('restart')!r}, want 'unless-stopped'")
         depends = service.get("depends_on") or {}
-        for dependency in ("mysql", "kafka", "redis"):
+        for dependency in ("mysql", "kafka", "redis") if name in APP_SERVICES else ("mysql",):
             condition = depends.get(dependency, {}).get("condition") if isinstance(depends, dict) else None
             if condition != "service_healthy":
                 problems.append(
@@ -263,7 +272,7 @@ def check_env_names(compose: Compose) -> Problems:
 def check_env_values(compose: Compose, monkeypatch: pytest.MonkeyPatch) -> Problems:
     """Each app service's environment, set for real, makes every settings class validate."""
     problems: Problems = []
-    for name in APP_SERVICES:
+    for name in MYSQL_CLIENTS:
         env = environment(services(compose).get(name, {}))
         with monkeypatch.context() as patch:
             for variable in [v for v in os.environ if v.upper().startswith("FRESHKEY_")]:
@@ -283,7 +292,8 @@ def check_env_values(compose: Compose, monkeypatch: pytest.MonkeyPatch) -> Probl
 
 
 def check_wiring(compose: Compose) -> Problems:
-    """The apps point at the mysql service, the kafka service's internal listener, the redis service."""
+    """The apps (and the heartbeat) point at the mysql service, the apps at the kafka service's internal
+    listener and the redis service."""
     problems: Problems = []
     svc = services(compose)
     kafka_env = environment(svc.get("kafka", {}))
@@ -296,7 +306,7 @@ def check_wiring(compose: Compose) -> Problems:
     mysql_port = mysqld_options(svc.get("mysql", {})).get("port", "3306")
     redis_args = command_args(svc.get("redis", {}))
     redis_port = redis_args[redis_args.index("--port") + 1] if "--port" in redis_args else "6379"
-    for name in APP_SERVICES:
+    for name in MYSQL_CLIENTS:
         service = svc.get(name, {})
         host = effective_env(service, "FRESHKEY_MYSQL_HOST", MySQLSettings, "host")
         port = effective_env(service, "FRESHKEY_MYSQL_PORT", MySQLSettings, "port")
@@ -305,6 +315,8 @@ def check_wiring(compose: Compose) -> Problems:
                 f"{name}: FRESHKEY_MYSQL_HOST/PORT is {host}:{port}, "
                 f"want the mysql service, mysql:{mysql_port}"
             )
+    for name in APP_SERVICES:
+        service = svc.get(name, {})
         bootstrap = effective_env(service, "FRESHKEY_KAFKA_BOOTSTRAP", KafkaSettings, "bootstrap")
         for address in bootstrap.split(","):
             listener = next((n for n, hp in advertised.items() if hp == address.strip()), None)
@@ -571,6 +583,125 @@ def check_grafana(compose: Compose) -> Problems:
     return problems
 
 
+def sql_statements(text: str) -> list[str]:
+    """The statements of a SQL script, comments dropped, whitespace collapsed."""
+    without_comments = re.sub(r"--[^\n]*", "", text)
+    return [" ".join(s.split()) for s in without_comments.split(";") if s.strip()]
+
+
+def init_statements(compose: Compose) -> list[str]:
+    """Every statement of the SQL scripts mounted into the mysql service's init directory."""
+    statements: list[str] = []
+    for source, target, _ in volume_mounts(services(compose).get("mysql", {})):
+        if is_bind_mount(source) and target.startswith(INIT_SQL_DIR) and target.endswith(".sql"):
+            path = host_path(source)
+            if path.is_file():
+                statements += sql_statements(path.read_text())
+    return statements
+
+
+_GRANT = re.compile(r"^GRANT (?P<privileges>.+?) ON (?P<object>\S+) TO '(?P<user>[^']*)'", re.IGNORECASE)
+
+
+def granted(statements: list[str], user: str, database: str, table: str) -> set[str]:
+    """Privileges the statements grant ``user`` on ``database.table`` (directly, or on the database or
+    everything); ``ALL [PRIVILEGES]`` counts as every privilege the heartbeat needs."""
+    covering = {"*.*", f"{database}.*", f"{database}.{table}"}
+    found: set[str] = set()
+    for statement in statements:
+        match = _GRANT.match(statement)
+        if match is None or match["user"] != user or match["object"].replace("`", "") not in covering:
+            continue
+        privileges = {p.strip().upper() for p in match["privileges"].split(",")}
+        found |= HEARTBEAT_WRITE_PRIVILEGES if privileges & {"ALL", "ALL PRIVILEGES"} else privileges
+    return found
+
+
+def _heartbeat_env(service: Mapping[str, Any], field: str) -> str:
+    return effective_env(service, f"FRESHKEY_HEARTBEAT_{field.upper()}", HeartbeatSettings, field)
+
+
+def check_heartbeat(compose: Compose) -> Problems:
+    """The heartbeat service writes the table the worker's SLA watches, at the interval it expects; the
+    worker's bindings bind that table with a precise commit clock; an init script creates it and lets
+    the heartbeat's account write it (the prober runs CREATE ... IF NOT EXISTS and REPLACE)."""
+    svc = services(compose)
+    heartbeat = svc.get(HEARTBEAT_SERVICE)
+    if heartbeat is None:
+        return [
+            f"service {HEARTBEAT_SERVICE!r} is missing: nothing writes heartbeats, so the SLA's "
+            "heartbeat target never has data"
+        ]
+    worker = svc.get("worker", {})
+    problems: Problems = []
+    database, table = _heartbeat_env(heartbeat, "database"), _heartbeat_env(heartbeat, "table")
+    watched = f"{_heartbeat_env(worker, 'database')}.{_heartbeat_env(worker, 'table')}"
+    if f"{database}.{table}" != watched:
+        problems.append(
+            f"heartbeat: writes {database}.{table} (FRESHKEY_HEARTBEAT_DATABASE/_TABLE) but the worker's "
+            f"SLA watches {watched}"
+        )
+    beats, expected = _heartbeat_env(heartbeat, "interval_ms"), _heartbeat_env(worker, "interval_ms")
+    if float(beats) != float(expected):
+        problems.append(
+            f"heartbeat: beats every {beats} ms (FRESHKEY_HEARTBEAT_INTERVAL_MS) but the worker expects "
+            f"one every {expected} ms"
+        )
+    target = effective_env(worker, "FRESHKEY_BINDINGS", BindingSettings, "bindings")
+    source = _mount_source(worker, target)
+    if source is not None and source.is_file():
+        try:
+            bindings = parse_bindings(source.read_bytes(), source=str(source))
+        except BindingError:
+            bindings = None  # reported by check_bindings_mount
+        binding = None if bindings is None else bindings.for_table(database, table)
+        if bindings is not None and binding is None:
+            problems.append(
+                f"worker: {database}.{table} is not bound in {source.name}: the SLA finds no heartbeat "
+                "namespace (bind it with version_column and commit_time_column beat_at)"
+            )
+        elif binding is not None and binding.commit_time_column is None:
+            problems.append(
+                f"worker: the binding of {database}.{table} has no commit_time_column: heartbeats get the "
+                "binlog's one-second clock, which the SLA heartbeat target ignores"
+            )
+    statements = init_statements(compose)
+    creates = re.compile(
+        rf"^CREATE TABLE (IF NOT EXISTS )?`?{re.escape(database)}`?\.`?{re.escape(table)}`? ", re.IGNORECASE
+    )
+    if not any(creates.match(statement) for statement in statements):
+        problems.append(f"mysql: no init script creates the heartbeat table {database}.{table}")
+    # The prober's own account when set, else the MySQL one (connectors.heartbeat).
+    user = environment(heartbeat).get("FRESHKEY_HEARTBEAT_USER") or effective_env(
+        heartbeat, "FRESHKEY_MYSQL_USER", MySQLSettings, "user"
+    )
+    missing = HEARTBEAT_WRITE_PRIVILEGES - granted(statements, user, database, table)
+    if missing:
+        problems.append(
+            f"mysql: no init script grants {user!r} {', '.join(sorted(missing))} on {database}.{table}, "
+            f"which `freshkey heartbeat` needs (GRANT CREATE, INSERT, DELETE ON {database}.* TO '{user}'@'%')"
+        )
+    return problems
+
+
+def check_compose_schema(path: Path = COMPOSE_PATH) -> Problems:
+    """The file against the compose specification's JSON schema (check-jsonschema's vendored copy, so
+    offline): what ``docker compose config`` would refuse before anything starts."""
+    try:
+        import check_jsonschema  # noqa: F401
+    except ImportError:
+        return ["check-jsonschema is not installed: pip install -e '.[dev]'"]
+    result = subprocess.run(
+        [sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.compose-spec", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if result.returncode == 0:
+        return []
+    return [f"not valid under the compose specification:\n{result.stdout}{result.stderr}".rstrip()]
+
+
 CHECKS: dict[str, Callable[[Compose], Problems]] = {
     "services": check_services,
     "mysql_binlog": check_mysql_binlog,
@@ -583,6 +714,7 @@ CHECKS: dict[str, Callable[[Compose], Problems]] = {
     "referenced_files": check_referenced_files,
     "metrics_scrape": check_metrics_scrape,
     "grafana": check_grafana,
+    "heartbeat": check_heartbeat,
 }
 
 

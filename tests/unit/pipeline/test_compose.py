@@ -6,9 +6,11 @@ otherwise only fail after ``docker compose up``: every ``FRESHKEY_*`` variable n
 set of names is built from the pydantic-settings classes, so renaming a setting breaks this test), the
 values parse, the services point at each other, MySQL has the binlog settings ``freshkey doctor``
 demands, the bindings file is the demo's, only 127.0.0.1 is published, and the referenced files exist;
-and the monitoring: Prometheus scrapes the port each app serves its metrics on (bound so it can be
-reached), Grafana's provisioning is mounted where Grafana reads it, its datasource is the prometheus
-service and its dashboards provider reads a mounted directory of dashboards.
+the heartbeat service writes the table the worker's SLA watches (bound, created and writable); the
+file is valid under the compose specification's JSON schema; and the monitoring: Prometheus scrapes
+the port each app serves its metrics on (bound so it can be reached), Grafana's provisioning is
+mounted where Grafana reads it, its datasource is the prometheus service and its dashboards provider
+reads a mounted directory of dashboards.
 
 Each check is a function that returns a list of problems; the negative tests feed broken copies of the
 compose file to the same functions and assert that the problem is reported.
@@ -28,21 +30,29 @@ import yaml
 from packaging.specifiers import SpecifierSet
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from connectors import heartbeat as heartbeat_module
+from connectors.heartbeat import HeartbeatSettings
 from connectors.settings import KafkaSettings
 from pipeline.demo import run as demo
+from schemas import parse_bindings
 from tests.support import compose as compose_linter
 from tests.support.compose import (
     APP_SERVICES,
     CHECKS,
     COMPOSE_PATH,
+    HEARTBEAT_SERVICE,
+    MYSQL_CLIENTS,
     REPO_ROOT,
     SETTINGS_CLASSES,
     Compose,
     check_bindings_mount,
+    check_compose_schema,
     check_env_names,
     check_env_values,
     check_grafana,
+    check_heartbeat,
     check_metrics_scrape,
+    effective_env,
     environment,
     host_path,
     interpolate,
@@ -51,6 +61,7 @@ from tests.support.compose import (
     report,
     services,
     settings_env_names,
+    sql_statements,
     volume_mounts,
 )
 
@@ -76,9 +87,16 @@ def test_compose_env_values_parse(compose: Compose, monkeypatch: pytest.MonkeyPa
 
 def test_compose_sets_the_settings_the_stack_needs(compose: Compose) -> None:
     """Not only valid names: the variables that differ from the defaults for containers are set."""
+    heartbeat = {"FRESHKEY_HEARTBEAT_DATABASE", "FRESHKEY_HEARTBEAT_TABLE", "FRESHKEY_HEARTBEAT_INTERVAL_MS"}
     wanted = {
         "connector": {"FRESHKEY_CONNECTOR_CHECKPOINT_PATH"},
-        "worker": {"FRESHKEY_WORKER_WEB_BIND", "FRESHKEY_WORKER_WEB_PORT", "FRESHKEY_WORKER_DATA_DIR"},
+        "worker": {
+            "FRESHKEY_WORKER_WEB_BIND",
+            "FRESHKEY_WORKER_WEB_PORT",
+            "FRESHKEY_WORKER_DATA_DIR",
+            *heartbeat,
+        },
+        HEARTBEAT_SERVICE: heartbeat,
     }
     common = {
         "FRESHKEY_MYSQL_HOST",
@@ -91,8 +109,9 @@ def test_compose_sets_the_settings_the_stack_needs(compose: Compose) -> None:
         "FRESHKEY_REDIS_URL",
         "FRESHKEY_BINDINGS",
     }
+    common_to = {**dict.fromkeys(APP_SERVICES, common), HEARTBEAT_SERVICE: {"FRESHKEY_MYSQL_HOST"}}
     for name, extra in wanted.items():
-        missing = (common | extra) - set(environment(services(compose)[name]))
+        missing = (common_to[name] | extra) - set(environment(services(compose)[name]))
         assert not missing, f"{name}: not set in docker-compose.yml: {sorted(missing)}"
 
 
@@ -115,7 +134,7 @@ def test_state_lives_on_named_volumes(compose: Compose) -> None:
 def test_mysql_user_password_is_the_connectors(compose: Compose) -> None:
     """The image creates the freshkey user with MYSQL_PASSWORD: it must be FRESHKEY_MYSQL_PASSWORD."""
     mysql_env = environment(services(compose)["mysql"])
-    for name in APP_SERVICES:
+    for name in MYSQL_CLIENTS:
         env = environment(services(compose)[name])
         assert mysql_env.get("MYSQL_USER") == env["FRESHKEY_MYSQL_USER"], f"{name}: MySQL user differs"
         assert mysql_env.get("MYSQL_PASSWORD") == env["FRESHKEY_MYSQL_PASSWORD"], f"{name}: password differs"
@@ -124,24 +143,61 @@ def test_mysql_user_password_is_the_connectors(compose: Compose) -> None:
     assert environment(services(overridden)["connector"])["FRESHKEY_MYSQL_PASSWORD"] == "s3cret"
 
 
-def _sql_statements(text: str) -> list[str]:
-    without_comments = re.sub(r"--[^\n]*", "", text)
-    return [" ".join(s.split()) for s in without_comments.split(";") if s.strip()]
-
-
 def test_init_sql_creates_the_demo_schema_and_grants(compose: Compose) -> None:
     init = next(
         host_path(source)
         for source, target, _ in volume_mounts(services(compose)["mysql"])
         if target.startswith("/docker-entrypoint-initdb.d/")
     )
-    statements = _sql_statements(init.read_text())
-    for statement in _sql_statements(demo.SCHEMA):
+    statements = sql_statements(init.read_text())
+    for statement in sql_statements(demo.SCHEMA):
         assert statement in statements, (
             f"{init}: lacks (or differs from) pipeline/demo/run.py SCHEMA: {statement}"
         )
     grant = "GRANT SELECT, REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO 'freshkey'@'%'"
     assert grant in statements, f"{init}: lacks `{grant}` (what freshkey doctor checks)"
+    heartbeat = "GRANT CREATE, INSERT, DELETE ON freshkey.* TO 'freshkey'@'%'"
+    assert heartbeat in statements, f"{init}: lacks `{heartbeat}` (what the heartbeat service needs)"
+
+
+def test_one_heartbeat_table_everywhere(compose: Compose) -> None:
+    """The settings' default, the demo, the bindings file, compose, init.sql and the docs: one name."""
+    defaults = HeartbeatSettings.model_construct()
+    table = f"{defaults.database}.{defaults.table}"
+    assert f"{demo.HEARTBEAT_DATABASE}.{demo.HEARTBEAT_TABLE}" == table
+    demo_binding = parse_bindings(demo.BINDINGS).for_table(defaults.database, defaults.table)
+    assert demo_binding is not None and demo_binding.namespace == demo.HEARTBEAT_NAMESPACE, demo.BINDINGS
+    assert demo_binding.commit_time_column == "beat_at", "heartbeat lags need the µs commit clock"
+    deployed = parse_bindings((REPO_ROOT / "deploy" / "bindings.yaml").read_bytes())
+    assert deployed.for_table(defaults.database, defaults.table) == demo_binding
+    for name in ("worker", HEARTBEAT_SERVICE):
+        service = services(compose)[name]
+        got = ".".join(
+            effective_env(service, f"FRESHKEY_HEARTBEAT_{f.upper()}", HeartbeatSettings, f)
+            for f in ("database", "table")
+        )
+        assert got == table, f"{name}: FRESHKEY_HEARTBEAT_DATABASE/_TABLE name {got}, the default is {table}"
+    assert f"CREATE TABLE IF NOT EXISTS {table} (" in " ".join(
+        sql_statements((REPO_ROOT / "deploy" / "mysql" / "init.sql").read_text())
+    )
+    doc = heartbeat_module.__doc__ or ""
+    assert f"table: {table}\n" in doc, "connectors/heartbeat.py documents another table in its binding"
+
+
+def test_compose_file_follows_the_compose_specification() -> None:
+    problems = check_compose_schema()
+    assert not problems, report(problems)
+
+
+def test_schema_check_reports_an_invalid_compose_file(tmp_path: Path) -> None:
+    """A key Compose does not know and a port of the wrong type: refused by the schema."""
+    data = yaml.safe_load(COMPOSE_PATH.read_text())
+    data["services"]["worker"]["restart_policy"] = "always"
+    data["services"]["redis"]["ports"] = 6379
+    broken = tmp_path / "docker-compose.yml"
+    broken.write_text(yaml.safe_dump(data))
+    problems = check_compose_schema(broken)
+    assert problems and "restart_policy" in problems[0], problems
 
 
 def test_dockerfile_installs_cpu_torch_first() -> None:
@@ -380,6 +436,67 @@ BROKEN: list[tuple[str, Callable[[Compose], object], str, str]] = [
         "ports",
         "grafana: port 3000 is published on every interface",
     ),
+    (
+        "missing heartbeat service",
+        lambda c: services(c).pop("heartbeat"),
+        "services",
+        "service 'heartbeat' is missing",
+    ),
+    (
+        "heartbeat service gone (its own check)",
+        lambda c: services(c).pop("heartbeat"),
+        "heartbeat",
+        "nothing writes heartbeats",
+    ),
+    (
+        "heartbeat runs another command",
+        lambda c: services(c)["heartbeat"].update(command=["freshkey", "connector"]),
+        "services",
+        "heartbeat: command is ['freshkey', 'connector'], want ['freshkey', 'heartbeat']",
+    ),
+    (
+        "heartbeat does not wait for mysql",
+        lambda c: services(c)["heartbeat"].pop("depends_on"),
+        "services",
+        "heartbeat: depends_on mysql has condition None",
+    ),
+    (
+        "heartbeat at localhost",
+        lambda c: _env("heartbeat")(c).pop("FRESHKEY_MYSQL_HOST"),
+        "wiring",
+        "heartbeat: FRESHKEY_MYSQL_HOST/PORT is 127.0.0.1:3306",
+    ),
+    (
+        "heartbeat writes another table than the worker watches",
+        lambda c: _env("heartbeat")(c).update(FRESHKEY_HEARTBEAT_TABLE="beats"),
+        "heartbeat",
+        "heartbeat: writes freshkey.beats (FRESHKEY_HEARTBEAT_DATABASE/_TABLE) but the worker's SLA "
+        "watches freshkey.heartbeat",
+    ),
+    (
+        "heartbeat slower than the worker expects",
+        lambda c: _env("heartbeat")(c).update(FRESHKEY_HEARTBEAT_INTERVAL_MS="2000"),
+        "heartbeat",
+        "heartbeat: beats every 2000 ms (FRESHKEY_HEARTBEAT_INTERVAL_MS) but the worker expects one every",
+    ),
+    (
+        "heartbeat table not bound",
+        lambda c: [_env(n)(c).update(FRESHKEY_HEARTBEAT_DATABASE="ops") for n in ("worker", "heartbeat")],
+        "heartbeat",
+        "worker: ops.heartbeat is not bound in bindings.yaml",
+    ),
+    (
+        "heartbeat table not created",
+        lambda c: [_env(n)(c).update(FRESHKEY_HEARTBEAT_DATABASE="ops") for n in ("worker", "heartbeat")],
+        "heartbeat",
+        "mysql: no init script creates the heartbeat table ops.heartbeat",
+    ),
+    (
+        "heartbeat account without the grant",
+        lambda c: _env("heartbeat")(c).update(FRESHKEY_HEARTBEAT_USER="beater"),
+        "heartbeat",
+        "mysql: no init script grants 'beater' CREATE, DELETE, INSERT on freshkey.heartbeat",
+    ),
 ]
 
 
@@ -507,3 +624,39 @@ def test_scrape_check_reads_static_targets(compose: Compose, tmp_path: Path) -> 
     problems = check_metrics_scrape(broken)
     assert not any(p.startswith("worker:") for p in problems), problems
     assert any("connector: serves metrics on 9465" in p and "connector:9465" in p for p in problems), problems
+
+
+def _with_init_sql(compose: Compose, tmp_path: Path, text: str) -> Compose:
+    init = tmp_path / "init.sql"
+    init.write_text(text)
+    broken = copy.deepcopy(compose)
+    services(broken)["mysql"]["volumes"] = [f"{init}:/docker-entrypoint-initdb.d/10-freshkey.sql:ro"]
+    return broken
+
+
+def test_heartbeat_check_reads_the_grants_of_init_sql(compose: Compose, tmp_path: Path) -> None:
+    """Without the grant the prober cannot write; a grant of ALL on the table, or of the three
+    privileges on every database, is enough."""
+    real = (REPO_ROOT / "deploy" / "mysql" / "init.sql").read_text()
+    grant = "GRANT CREATE, INSERT, DELETE ON freshkey.* TO 'freshkey'@'%';"
+    assert grant in real
+    problems = check_heartbeat(_with_init_sql(compose, tmp_path, real.replace(grant, "")))
+    assert any("no init script grants 'freshkey' CREATE, DELETE, INSERT" in p for p in problems), problems
+    partial = real.replace(grant, "GRANT INSERT ON freshkey.* TO 'freshkey'@'%';")
+    problems = check_heartbeat(_with_init_sql(compose, tmp_path, partial))
+    assert any("grants 'freshkey' CREATE, DELETE on freshkey.heartbeat" in p for p in problems), problems
+    for enough in (
+        "GRANT ALL PRIVILEGES ON `freshkey`.`heartbeat` TO 'freshkey'@'%';",
+        "GRANT CREATE, INSERT, DELETE ON *.* TO 'freshkey'@'%';",
+    ):
+        assert not check_heartbeat(_with_init_sql(compose, tmp_path, real.replace(grant, enough)))
+
+
+def test_heartbeat_check_wants_a_precise_commit_clock(compose: Compose, tmp_path: Path) -> None:
+    bindings = tmp_path / "bindings.yaml"
+    text = (REPO_ROOT / "deploy" / "bindings.yaml").read_text()
+    bindings.write_text(text.replace("    commit_time_column: beat_at\n", ""))
+    broken = copy.deepcopy(compose)
+    services(broken)["worker"]["volumes"] = [f"{bindings}:/etc/freshkey/bindings.yaml:ro"]
+    problems = check_heartbeat(broken)
+    assert any("binding of freshkey.heartbeat has no commit_time_column" in p for p in problems), problems
