@@ -137,7 +137,7 @@ class ChangeProcessor:
         models: dict[str, NamespaceModels] = {}
         if self.models is not None and bound and self.tiers:
             models = await self.models.refresh(
-                self.tiers[0].client,  # type: ignore[attr-defined]
+                self.tiers[0],
                 {binding.namespace for _, _, binding in bound},
             )
         keys = await self._semantic_keys(bound, models)
