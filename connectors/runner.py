@@ -384,13 +384,3 @@ def describe(exc: BaseException | None) -> str:
     if isinstance(exc, ConnectorError):
         return text
     return f"{type(exc).__name__}: {text}"
-
-
-# Transitional: tests/unit/pipeline/test_otel.py (not owned by the connectors room) still reaches the
-# instruments through these names; remove once it uses connectors.metrics.CONNECTOR_METRICS.
-_ack_latency = CONNECTOR_METRICS.ack_latency
-_retries = CONNECTOR_METRICS.retries
-_oversize = CONNECTOR_METRICS.oversize
-_gaps = CONNECTOR_METRICS.gaps
-_checkpoint_age = CONNECTOR_METRICS.checkpoint_ages
-_connected = CONNECTOR_METRICS.connection_states

@@ -113,10 +113,14 @@ def install(w: Worker) -> None:
                     raise
                 except Exception as exc:
                     await isolate(events, exc)
+                highest: dict[tuple[str, int], int] = {}
                 for event in events:
                     message = event.message
-                    processor.observers.on_offset(message.topic, message.partition, message.offset)
+                    where = (message.topic, message.partition)
+                    highest[where] = max(highest.get(where, -1), message.offset)
                     await stream.ack(event)
+                for (topic, partition), offset in highest.items():
+                    processor.observers.on_offset(topic, partition, offset)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:

@@ -64,9 +64,6 @@ class Observers:
     An observer that raises is logged (once per observer and kind of error) and skipped: reporting must
     never stop a batch that the tiers already took (a poison value in a lag figure would otherwise fail
     the batch after its writes, again on every replay).
-
-    An observer written for the per-change interface (``on_outcome`` and ``on_event`` per change, no
-    ``on_batch``) still gets its counts: the report is replayed to it as those calls.
     """
 
     def __init__(self, observers: Iterable[object] = (), *, sketch: LagSketch | None = None) -> None:
@@ -75,7 +72,6 @@ class Observers:
         self.errors = 0
         self._logged: set[tuple[int, type]] = set()
         self._calls: dict[str, list[tuple[object, Any]]] = {}
-        self._per_change: list[object] = []
         for observer in observers:
             self.add(observer)
 
@@ -89,14 +85,6 @@ class Observers:
             bound = getattr(observer, method, None)
             if bound is not None:
                 self._calls.setdefault(method, []).append((observer, bound))
-        if not hasattr(observer, "on_batch") and hasattr(observer, "on_outcome"):
-            self._per_change.append(observer)
-            if hasattr(observer, "on_applied"):
-                log.warning(
-                    "observer %s has on_applied, which is not called any more: lags come per batch "
-                    "(implement on_batch(report) and read them from the lag sketch)",
-                    type(observer).__name__,
-                )
 
     def _failed(self, observer: object, exc: Exception) -> None:
         self.errors += 1
@@ -122,11 +110,6 @@ class Observers:
                 call(report)
             except Exception as exc:
                 self._failed(observer, exc)
-        for observer in self._per_change:
-            try:
-                _replay(observer, report)
-            except Exception as exc:
-                self._failed(observer, exc)
 
     def on_offset(self, topic: str, partition: int, offset: int) -> None:
         for observer, call in self._calls.get("on_offset", ()):
@@ -134,14 +117,3 @@ class Observers:
                 call(topic, partition, offset)
             except Exception as exc:
                 self._failed(observer, exc)
-
-
-def _replay(observer: Any, report: BatchReport) -> None:
-    """A batch as the per-change calls of the older interface: outcomes, then events."""
-    for (tier, namespace, outcome), count in report.outcomes.items():
-        for _ in range(count):
-            observer.on_outcome(tier, namespace, outcome)
-    if hasattr(observer, "on_event"):
-        for kind, count in report.events.items():
-            for _ in range(count):
-                observer.on_event(kind)

@@ -14,6 +14,7 @@ import pytest
 
 from cache_writer import ActionResult, CacheAction, Outcome, TierUnavailableError
 from cache_writer.retry import RetryPolicy
+from pipeline.observe.report import BatchReport
 from pipeline.processor import ChangeProcessor
 from schemas import Binding, Bindings, ChangeEvent, encode
 
@@ -62,14 +63,11 @@ class Events:
     def on_event(self, kind: str) -> None:
         self.kinds.append(kind)
 
-    def on_outcome(self, tier: str, namespace: str, outcome: str) -> None:
-        self.kinds.append(f"{tier}:{outcome}")
-
-    def on_applied(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def on_offset(self, topic: str, partition: int, offset: int) -> None:
-        pass
+    def on_batch(self, report: BatchReport) -> None:
+        for (tier, _namespace, outcome), count in report.outcomes.items():
+            self.kinds += [f"{tier}:{outcome}"] * count
+        for kind, count in report.events.items():
+            self.kinds += [kind] * count
 
 
 def change(op: str, row_id: int, version: int, **extra: Any) -> ChangeEvent:
