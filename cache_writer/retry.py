@@ -78,6 +78,11 @@ class TierGuard:
         self.last_error = repr(error)[:300]
         wait = self.policy.backoff(self.attempts)
         self.attempts += 1
+        bound = self.policy.fence_after_s
+        if bound is not None and self.state == "failing":
+            # Never sleep past the fence bound (the decision comes on time), nor longer than a third of
+            # it (a tier that answers again is used again within a fraction of the bound).
+            wait = min(wait, bound / 3, max(0.01, bound - self.failing_for_s))
         return wait
 
     @property

@@ -24,6 +24,9 @@ class RedisSettings(BaseSettings):
         86_400, ge=1, description="How long a delete's tombstone rejects late older writes."
     )
     entry_ttl_s: int | None = Field(None, ge=1, description="TTL of live entries; none by default.")
+    socket_timeout_s: float = Field(
+        5.0, gt=0, description="A Redis command that takes longer fails (the tier counts as failing)."
+    )
     broadcast: bool = Field(
         True, description="Announce every applied change on <prefix>:invalidations for in-process tiers."
     )

@@ -212,11 +212,15 @@ async def fence_namespace(
             raise TierUnavailableError(tier, exc) from exc
         active = state.active
         if active is not None:
-            record = SignatureRecord.at(active.update, active.value_columns, next_epoch_order(active.order))
+            record = SignatureRecord.at(
+                active.update, active.value_columns, next_epoch_order(active.order, floor=_now_us())
+            )
         elif value_columns is None:
             raise ValueError(f"namespace {namespace} has no signature yet: its value columns are needed")
         else:
-            record = SignatureRecord.at(b"", value_columns, next_epoch_order(signature_order(None)))
+            record = SignatureRecord.at(
+                b"", value_columns, next_epoch_order(signature_order(None), floor=_now_us())
+            )
         result = await set_signature(client, prefix, namespace, record, channel=channel, tier=tier)
         if result.applied:
             return result
@@ -264,3 +268,7 @@ async def _run(
         if isinstance(reply, Exception):
             raise TierUnavailableError(tier, reply)
     return replies
+
+
+def _now_us() -> int:
+    return time.time_ns() // 1000

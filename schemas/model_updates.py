@@ -171,14 +171,17 @@ def order_nonce(order: str) -> str:
     return "" if nonce == "/" + "0" * SEQUENCE_DIGITS else nonce
 
 
-def next_epoch_order(order: str) -> str:
+def next_epoch_order(order: str, floor: int = 0) -> str:
     """The order of a fence of the signature whose order is ``order``: the same version and sequence,
-    the epoch one higher (so it orders above ``order`` and below any later DDL or model version)."""
+    the epoch above both the current one and ``floor`` (so it orders above ``order`` and below any later
+    DDL or model version). The fence passes the time in µs as ``floor``: a namespace whose signature
+    record was lost (a Redis restart without persistence) never gets an epoch, and so a signature, it
+    had before."""
     head, _, nonce = order.partition(" /")
     parts = nonce.split("/") if nonce else []
     if not parts or len(parts) > 2 or not all(p.isascii() and p.isdigit() for p in parts):
         raise ValueError(f"not a signature order: {order!r}")
-    epoch = int(parts[1]) + 1 if len(parts) == 2 else 1
+    epoch = max(int(parts[1]) + 1 if len(parts) == 2 else 1, floor)
     if epoch >= 10**SEQUENCE_DIGITS:
         raise ValueError("epoch exhausted")
     return f"{head} /{parts[0]}/{epoch:0{SEQUENCE_DIGITS}d}"

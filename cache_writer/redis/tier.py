@@ -19,6 +19,8 @@ from contextlib import contextmanager
 from typing import Any, Literal
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisError
 
 from cache_writer.entries import Entry, read_entries, read_fields, read_namespace, scan_keys
@@ -50,9 +52,22 @@ def connect(settings: RedisSettings) -> RedisClient:
     ``RedisCluster`` that discovers the others; the URL's database must then be 0 (or absent).
     """
     password = settings.password.get_secret_value() if settings.password else None
+    options = client_options(settings.socket_timeout_s)
     if settings.cluster:
-        return aioredis.RedisCluster.from_url(settings.url, password=password, decode_responses=False)
-    return aioredis.Redis.from_url(settings.url, password=password, decode_responses=False)
+        return aioredis.RedisCluster.from_url(settings.url, password=password, **options)
+    return aioredis.Redis.from_url(settings.url, password=password, **options)
+
+
+def client_options(socket_timeout_s: float) -> dict[str, Any]:
+    """What freshkey's own Redis clients are created with: no retries inside redis-py (the pipeline's
+    retry policy waits, counts and fences: a retry hidden in the client would hide an outage from it),
+    and socket timeouts, so a server that stops answering is an error, not a hang."""
+    return {
+        "decode_responses": False,
+        "retry": Retry(NoBackoff(), 0),
+        "socket_timeout": socket_timeout_s,
+        "socket_connect_timeout": min(socket_timeout_s, 2.0),
+    }
 
 
 class RedisTier:
@@ -95,7 +110,7 @@ class RedisTier:
             return None
         password = l3.password.get_secret_value() if l3.password else None
         return cls(
-            aioredis.Redis.from_url(l3.url, password=password),
+            aioredis.Redis.from_url(l3.url, password=password, **client_options(settings.socket_timeout_s)),
             tombstone_ttl_ms=settings.tombstone_ttl_s * 1000,
             entry_ttl_ms=l3.entry_ttl_s * 1000 if l3.entry_ttl_s else None,
             name="redis-l3",

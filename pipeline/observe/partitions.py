@@ -130,6 +130,18 @@ class PartitionFigures:
         i = bisect.bisect_right(self.seen, offset, key=lambda o: o[0])
         return self.seen[i][1] if i < len(self.seen) else None
 
+    def restart(self, position: int) -> None:
+        """The log moved back under the acknowledged position (a topic recreated after a broker lost it,
+        or a partition handed back at an earlier committed offset): forget what was known of the old log,
+        keep only what this acknowledgement says; the next broker figures fill in the rest."""
+        self.position = position
+        self.high = position
+        self.high_seen = False
+        self.committed = None
+        self.committed_at_ms = None
+        self.floor = None
+        self.seen.clear()
+
     def advance(self, position: int) -> None:
         if self.position is None or position > self.position:
             self.position = position

@@ -94,7 +94,10 @@ class ConsumerProgress:
         with self._lock:
             figures = self._part(partition)
             figures.fresh = False
-            figures.advance(offset + 1)
+            if figures.position is not None and offset + 1 < figures.position:
+                figures.restart(offset + 1)
+            else:
+                figures.advance(offset + 1)
 
     # -- what the worker feeds ------------------------------------------------------------------------
     def on_received(self, topic: str, partition: int, offset: int, timestamp_ms: float | None) -> None:

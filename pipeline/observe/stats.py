@@ -61,9 +61,10 @@ class WorkerStats:
 
     # -- records ------------------------------------------------------------------------------------------
     def record_offset(self, topic: str, partition: int, offset: int) -> None:
-        key = f"{topic}/{partition}"
-        if offset > self.offsets.get(key, -1):
-            self.offsets[key] = offset
+        """The last offset acknowledged on a partition. The latest, not the highest: after a broker lost
+        its topics the recreated partition starts again from 0, and the old figure would read as caught
+        up until the new log passed it."""
+        self.offsets[f"{topic}/{partition}"] = offset
 
     def window(self, seconds: float | None, *, now: float | None = None) -> dict[str, Any]:
         """Every lag figure over the last ``seconds`` as of ``now`` (``None``: since start)."""

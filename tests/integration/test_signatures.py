@@ -255,3 +255,19 @@ async def _messages(pubsub: Any, within_s: float = 2.0) -> Any:
             return
         if message["type"] == "message":
             yield message["data"]
+
+
+def test_a_fence_never_brings_back_a_signature_after_the_record_was_lost(redis_url: str) -> None:
+    """A Redis restart without persistence loses the namespace's $signature hash; the next fence must not
+    reproduce an earlier fence's signature (entries built under it may still sit in L3 or an L1)."""
+
+    async def body(cache: CacheClient, tier: RedisTier, prefix: str) -> list[str]:
+        seen = []
+        for _ in range(2):
+            await tier.fence_namespace(prefix, NS, value_columns=("a",))
+            seen.append((await tier.read_signatures(prefix, [NS]))[NS].active_signature)
+            await tier.client.delete(signature_key(prefix, NS))  # the record is lost
+        return seen
+
+    first, second = run(redis_url, body)
+    assert first and second and first != second

@@ -253,3 +253,18 @@ def test_bad_arguments_say_what_to_change() -> None:
         ConsumerProgress("changes", partitions=0)
     with pytest.raises(ValueError, match="positive"):
         ConsumerProgress("changes", window_ms=0)
+
+
+def test_a_partition_whose_log_starts_again_is_not_reported_at_its_old_end() -> None:
+    """A broker that lost its topics: the recreated partition's acknowledgements start again from 0.
+    The old end must not keep the partition 'behind' (or 'caught up') until the new log passes it."""
+    from pipeline.observe.progress import ConsumerProgress
+
+    progress = ConsumerProgress("changes", partitions=1, window_ms=1500, refresh_interval_s=1.0)
+    progress.set_assignment([0])
+    progress.set_high_watermarks({0: 1000})
+    progress.on_offset("changes", 0, 999)
+    assert progress.consumer_lag()[("changes", 0)] == 0
+    progress.on_offset("changes", 0, 4)  # the new log
+    progress.set_high_watermarks({0: 10})
+    assert progress.consumer_lag()[("changes", 0)] == 5
