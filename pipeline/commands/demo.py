@@ -203,7 +203,7 @@ def _print_result(result: DemoResult, *, leases: bool, json_path: Path | None) -
         r = result.race
         rows_out += [
             ("race readers", f"{r['readers']}", "leases" if leases else "plain cache-aside"),
-            ("reads / fills / fills rejected", f"{r['reads']} / {r['fills']} / {r['fills_rejected']}", ""),
+            ("reads / fills / rejected", f"{r['reads']} / {r['fills']} / {r['fills_rejected']}", ""),
             ("stale in L1 / L2", f"{r['stale_l1']} / {r['stale_l2']}", ""),
         ]
     for name, value, detail in rows_out:

@@ -8,11 +8,7 @@ from typing import Annotated
 
 import typer
 
-from connectors.exceptions import ConfigurationError
-from connectors.heartbeat import HeartbeatProber, HeartbeatSettings
-from connectors.settings import MySQLSettings
 from pipeline.commands import EnvFile
-from pipeline.config import load_settings, setup_logging
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
@@ -29,9 +25,15 @@ def heartbeat(
 ) -> None:
     """Write the heartbeat row until interrupted (SIGINT/SIGTERM); bind its table to see the lag.
 
-    The binding to add (see ``connectors.heartbeat``): table <database>.<table>, namespace
-    freshkey_heartbeat, version_column and commit_time_column beat_at.
+    It writes FRESHKEY_HEARTBEAT_DATABASE.FRESHKEY_HEARTBEAT_TABLE (default freshkey.heartbeat, as
+    deploy/bindings.yaml and ``freshkey demo`` bind it). The binding to add (see ``connectors.heartbeat``):
+    that table, namespace freshkey_heartbeat, version_column and commit_time_column beat_at.
     """
+    from connectors.exceptions import ConfigurationError
+    from connectors.heartbeat import HeartbeatProber, HeartbeatSettings
+    from connectors.settings import MySQLSettings
+    from pipeline.config import load_settings, setup_logging
+
     setup_logging(log_level)
     mysql = load_settings(MySQLSettings, env_file)
     settings = load_settings(HeartbeatSettings, env_file)

@@ -36,6 +36,8 @@ from pipeline.demo.catchup import Sentinel, SentinelRows, high_watermarks, parti
 from pipeline.demo.machine import MachineLoad, Pace
 from pipeline.settings import TelemetrySettings, WorkerSettings
 from schemas import message_key
+from tests.conftest import MySQLService
+from tests.support.compose import sql_statements
 
 DEMO = [sys.executable, "-m", "pipeline", "demo"]
 
@@ -177,6 +179,79 @@ def test_partition_of_is_the_producers_and_the_watermarks_are_early(kafka_bootst
     assert all(reported[p] <= acknowledged[p] for p in acknowledged), (reported, acknowledged)
     if not os.environ.get("FRESHKEY_TEST_KAFKA"):  # the private test broker (Apache Kafka is exact)
         assert sum(reported.values()) < sum(acknowledged.values()), (reported, acknowledged)
+
+
+def _heartbeat_cli(env_file: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "pipeline", "heartbeat", "--env-file", str(env_file), "--interval-ms", "50"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+@pytest.mark.integration
+def test_the_heartbeat_service_writes_with_the_grants_of_init_sql(
+    mysql_service: MySQLService, tmp_path: Path
+) -> None:
+    """What the compose heartbeat service runs (``freshkey heartbeat``), as an account granted what
+    deploy/mysql/init.sql grants the freshkey user on the heartbeat's database: it creates the table and
+    beats; without that grant it stops at once and says what to grant."""
+    tag = uuid.uuid4().hex[:8]
+    database, user, password = f"freshkey_hb_{tag}", f"hb_{tag}", f"pw-{tag}"
+    init = sql_statements((Path(__file__).resolve().parents[2] / "deploy/mysql/init.sql").read_text())
+    grant = next(s for s in init if s.startswith("GRANT CREATE, INSERT, DELETE ON freshkey.* TO"))
+    env_file = tmp_path / "heartbeat.env"
+    demo.write_env_file(
+        env_file,
+        {
+            "FRESHKEY_MYSQL_HOST": mysql_service.host,
+            "FRESHKEY_MYSQL_PORT": str(mysql_service.port),
+            "FRESHKEY_MYSQL_USER": user,
+            "FRESHKEY_MYSQL_PASSWORD": password,
+            "FRESHKEY_HEARTBEAT_DATABASE": database,
+        },
+    )
+    admin = mysql_service.connect()
+    try:
+        with admin.cursor() as cur:
+            cur.execute(f"CREATE USER '{user}'@'%%' IDENTIFIED BY %s", (password,))
+            cur.execute(f"GRANT SELECT ON *.* TO '{user}'@'%'")  # init.sql grants it with the replica's
+        refused = _heartbeat_cli(env_file)
+        out, _ = refused.communicate(timeout=60)
+        assert refused.returncode == 2, out
+        assert f"cannot create the heartbeat table {database}.heartbeat as '{user}'" in out, out
+        assert "grant CREATE, INSERT, DELETE on it" in out, out
+
+        with admin.cursor() as cur:
+            cur.execute(grant.replace("freshkey.*", f"`{database}`.*").replace("'freshkey'@", f"'{user}'@"))
+        beating = _heartbeat_cli(env_file)
+        try:
+            deadline = time.monotonic() + 30
+            beats = 0
+            while beats < 3 and time.monotonic() < deadline and beating.poll() is None:
+                with admin.cursor() as cur:
+                    cur.execute(
+                        "SELECT COUNT(*) FROM information_schema.tables "
+                        "WHERE table_schema = %s AND table_name = 'heartbeat'",
+                        (database,),
+                    )
+                    if cur.fetchone()[0]:
+                        cur.execute(f"SELECT beat_at FROM `{database}`.heartbeat WHERE id = 1")
+                        row = cur.fetchone()
+                        beats += row is not None
+                time.sleep(0.1)
+        finally:
+            beating.send_signal(signal.SIGTERM)
+            out, _ = beating.communicate(timeout=30)
+        assert beating.returncode == 0, out
+        written = re.search(r"freshkey heartbeat: (\d+) beat\(s\), 0 failed write\(s\)", out)
+        assert written and int(written[1]) >= 3, out
+    finally:
+        with admin.cursor() as cur:
+            cur.execute(f"DROP USER IF EXISTS '{user}'@'%'")
+            cur.execute(f"DROP DATABASE IF EXISTS `{database}`")
+        admin.close()
 
 
 @pytest.mark.integration
