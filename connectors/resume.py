@@ -18,7 +18,7 @@ from collections.abc import Callable
 from connectors.binlog.positions import check_position, current_position
 from connectors.checkpoint import CheckpointError, CheckpointState, CheckpointStore
 from connectors.exceptions import BinlogGapError, ConfigurationError, ConnectorError, FenceError
-from connectors.kafka.topics import TopicsReport, end_offsets
+from connectors.kafka.topics import TopicsReport, end_offsets, record_exists
 from connectors.metrics import ConnectorMetrics, ConnectorStats
 from connectors.settings import ConnectorSettings, KafkaSettings, MySQLSettings
 
@@ -122,7 +122,12 @@ class ResumeGuard:
             highs = end_offsets(
                 self.kafka, topic, topics.partitions.get(topic, 0), timeout_s=self.connector.kafka_timeout_s
             )
-            lost = {p: (end, highs.get(p, 0)) for p, end in state.topic_ends.items() if highs.get(p, 0) < end}
+            lost = {
+                p: (end, highs.get(p, 0))
+                for p, end in state.topic_ends.items()
+                if highs.get(p, 0) < end
+                and not record_exists(self.kafka, topic, p, end - 1, timeout_s=self.connector.kafka_timeout_s)
+            }
             if lost:
                 where = ", ".join(
                     f"partition {p} ends at {high}, not {end}" for p, (end, high) in sorted(lost.items())

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec  # type: ignore[attr-defined]
 
 from connectors.exceptions import ConfigurationError, KafkaUnavailableError, retry_cause
@@ -115,3 +115,33 @@ def end_offsets(
                 f"within {timeout_s:.0f} s"
             ) from None
     return ends
+
+
+def record_exists(
+    settings: KafkaSettings, topic: str, partition: int, offset: int, *, timeout_s: float = 10.0
+) -> bool:
+    """Whether the broker still holds the message at ``offset``: read it directly (an assigned
+    consumer that joins no group and commits nothing). Some brokers report end offsets below the log
+    end (Tansu: the last batch's base offset + 1), so a short end offset alone does not prove a loss."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": settings.bootstrap,
+            "group.id": "freshkey-connector-probe",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "enable.partition.eof": True,
+            "fetch.wait.max.ms": 10,
+        },
+        logger=LIBRDKAFKA_LOGGER,
+    )
+    try:
+        consumer.assign([TopicPartition(topic, partition, offset)])
+        message = consumer.poll(timeout_s)
+        if message is None:
+            return False
+        error = message.error()
+        return error is None and message.offset() == offset
+    except KafkaException as exc:
+        raise _unavailable(settings, exc) from None
+    finally:
+        consumer.close()

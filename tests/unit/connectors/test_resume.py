@@ -57,9 +57,25 @@ def test_a_change_topic_shorter_than_what_kafka_acknowledged_is_fenced(
     calls: list[str] = []
     guard = make_guard(tmp_path, calls.append)
     monkeypatch.setattr(resume, "end_offsets", lambda *a, **k: {0: 0, 1: 3, 2: 0})
+    monkeypatch.setattr(resume, "record_exists", lambda *a, **k: False)
     guard.check_topic(CheckpointState(POSITION, "changes", {0: 10, 1: 3}), EXISTING, fresh=False)
     assert len(calls) == 1 and "partition 0 ends at 0, not 10" in calls[0]
     assert "partition 1" not in calls[0]
+
+
+def test_an_end_offset_below_the_acknowledged_end_is_no_gap_while_the_last_event_is_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Some brokers report an end offset below the log end (Tansu: the last batch's base offset + 1):
+    the event at the remembered end - 1 is read back, and found, so nothing was lost."""
+    calls: list[str] = []
+    guard = make_guard(tmp_path, calls.append)
+    asked: list[tuple[int, int]] = []
+    monkeypatch.setattr(resume, "end_offsets", lambda *a, **k: {0: 7, 1: 3, 2: 0})
+    monkeypatch.setattr(resume, "record_exists", lambda _s, _t, p, o, **_k: asked.append((p, o)) or True)
+    state = CheckpointState(POSITION, "changes", {0: 10, 1: 3})
+    assert guard.check_topic(state, EXISTING, fresh=False) == state
+    assert calls == [] and asked == [(0, 9)]
 
 
 def test_a_topic_that_kept_its_events_is_not_a_gap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
