@@ -1,0 +1,165 @@
+"""``freshkey bench pipeline``: it runs end to end on its own private services and writes every figure.
+
+The smoke test uses tiny sizes and asserts the shape and the internal consistency of the figures, never
+a speed (the machines are shared; speeds are what the bench is for). The tests without the ``integration``
+mark check the summary arithmetic and the option parsing on synthetic input.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from pipeline.bench_pipeline import BACKLOG_SCENARIOS, BenchConfig, parse_only
+from pipeline.bench_report import RATIOS, summarize
+
+STAGES = {"commit->connector", "connector->worker", "worker->planned", "planned->tier:redis"}
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    """Live processes whose command line or environment mentions ``text``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            blob = (proc / "cmdline").read_bytes() + (proc / "environ").read_bytes()
+        except OSError:
+            continue
+        if text.encode() in blob:
+            found.append(int(proc.name))
+    return found
+
+
+def _bench(tmp_path: Path, *args: str) -> dict[str, Any]:
+    """Run ``freshkey bench pipeline`` with tiny sizes and ``args``; its JSON report. Afterwards nothing
+    it started may be left running."""
+    out = tmp_path / "bench.json"
+    workdir = tmp_path / "bench"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from pipeline.commands.bench import bench_app; bench_app()",
+            "pipeline",
+            *("--changes", "300", "--insert-rows", "100", "--rows", "100", "--runs", "1"),
+            *("--partitions", "2", "--workdir", str(workdir), "--json", str(out)),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=170,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert "figures written to" in result.stdout
+    assert _processes_mentioning(str(workdir)) == []
+    report: dict[str, Any] = orjson.loads(out.read_bytes())
+    return report
+
+
+@pytest.mark.integration
+def test_bench_pipeline_measures_every_backlog_scenario(tmp_path: Path) -> None:
+    report = _bench(tmp_path, "--only", ",".join(BACKLOG_SCENARIOS))
+
+    assert report["config"]["changes"] == 300 and report["config"]["inserts"] == 3
+    assert report["rates"]["runs"] == []
+    for kind, rows in (("single", 300), ("multi", 300)):
+        entry = report["backlogs"][kind]
+        assert entry["rows"] == rows and len(entry["runs"]) == 1
+        run = entry["runs"][0]
+        for scenario in BACKLOG_SCENARIOS:
+            figures = run[scenario]
+            assert figures["items"] == rows, (kind, scenario)
+            assert figures["seconds"] > 0 and figures["per_s"] > 0
+            assert figures["per_s"] == pytest.approx(rows / figures["seconds"], rel=1e-3)
+            assert figures["background_cores"] >= 0
+        # What each scenario charged, and to whom: the measured process did the work.
+        assert run["raw-decode"]["processes"]["bench"]["cpu_s"] > 0
+        assert run["connector"]["processes"]["connector"]["cpu_s"] > 0
+        assert run["worker"]["processes"]["worker"]["cpu_s"] > 0
+        assert {"connector", "worker", "mariadb", "kafka", "redis"} <= set(run["e2e"]["processes"])
+        assert {"worker-1", "worker-2"} <= set(run["workers-2"]["processes"])
+        for figures in run["e2e"]["processes"].values():
+            assert figures["peak_rss_mib"] > 0 and figures["hwm_mib"] >= figures["peak_rss_mib"]
+        summary = report["summary"]["backlogs"][kind]
+        assert set(summary["ratios"]) == set(RATIOS)
+        assert summary["ratios"]["connector / raw decode"]["median"] == pytest.approx(
+            run["connector"]["per_s"] / run["raw-decode"]["per_s"], rel=1e-3
+        )
+
+    # Every worker wrote both backlogs into Redis, 300 + 300 changes each, the pair between them: each
+    # change applied, or superseded by a newer one of the same row in its batch; none rejected as old.
+    def written(*names: str) -> int:
+        figures = [report["worker_outcomes"][name] for name in names]
+        return sum(
+            f["outcomes"].get("redis:applied", 0) + f["events"].get("change_superseded", 0) for f in figures
+        )
+
+    assert written("worker-one") >= 600
+    assert written("worker-e2e") >= 600
+    assert written("worker-two-a", "worker-two-b") >= 600
+
+
+@pytest.mark.integration
+def test_bench_pipeline_drives_fixed_rates_with_lag_per_stage(tmp_path: Path) -> None:
+    report = _bench(tmp_path, "--only", "rates", "--rates", "200,300", "--rate-seconds", "1")
+
+    assert report["backlogs"] == {}
+    runs = report["rates"]["runs"]
+    assert [(run["rate"], run["changes"]) for run in runs] == [(200, 200), (300, 300)]
+    for run in runs:
+        assert isinstance(run["sustained"], bool) and isinstance(run["reached_rate"], bool)
+        lag = run["lag_ms"]
+        assert lag["samples"] == run["changes"]  # the driven changes only: warm-ups have their own table
+        assert 0 < lag["p50"] <= lag["p99"] <= lag["max"]
+        assert set(run["stages_ms"]) >= STAGES
+        assert run["processes"]["connector"]["cpu_s"] > 0 and run["processes"]["worker"]["cpu_s"] > 0
+        assert run["catch_up_s"] == pytest.approx(
+            run["changes"] / run["throughput_per_s"] - run["drive_s"], abs=0.01
+        )
+    summary = report["summary"]["rates"]
+    assert set(summary) == {"200", "300"}
+    assert summary["300"]["runs"] == 1 and set(summary["300"]["lag_ms"]) == {"p50", "p99", "max"}
+
+
+def _run(per_s: dict[str, float]) -> dict[str, Any]:
+    return {
+        name: {"items": 100, "seconds": 100 / v, "per_s": v, "processes": {}, "background_cores": 0.5}
+        for name, v in per_s.items()
+    }
+
+
+def test_summary_takes_medians_over_runs_and_ratios_per_run() -> None:
+    runs = [
+        {"run": 1, **_run({"raw-decode": 1000.0, "connector": 500.0})},
+        {"run": 2, **_run({"raw-decode": 2000.0, "connector": 1800.0})},
+        {"run": 3, **_run({"raw-decode": 1500.0, "connector": 600.0})},
+    ]
+    summary = summarize({"backlogs": {"single": {"rows": 100, "transactions": 100, "runs": runs}}})
+    single = summary["backlogs"]["single"]
+    assert single["scenarios"]["connector"]["per_s"] == {
+        "median": 600.0,
+        "min": 500.0,
+        "max": 1800.0,
+        "runs": 3,
+    }
+    # Per-run ratios 0.5, 0.9, 0.4: their median, not the ratio of the medians (600 / 1500 = 0.4).
+    assert single["ratios"] == {"connector / raw decode": {"median": 0.5, "min": 0.4, "max": 0.9, "runs": 3}}
+
+
+def test_only_picks_backlogs_and_scenarios_and_full_matches_the_issue() -> None:
+    assert parse_only([]) == (("single", "multi"), BenchConfig().scenarios)
+    assert parse_only(["multi,e2e", "rates"]) == (("multi",), ("e2e", "rates"))
+    with pytest.raises(ValueError, match="unknown e2d"):
+        parse_only(["e2d"])
+    full = BenchConfig.full()
+    assert (full.changes, full.inserts, full.insert_rows) == (50_000, 50, 1_000)
+    with pytest.raises(ValueError, match="--runs"):
+        BenchConfig(runs=0).check()
