@@ -41,6 +41,7 @@ from __future__ import annotations
 import base64
 import binascii
 import datetime as dt
+import decimal
 import json
 import re
 import time
@@ -432,6 +433,7 @@ def _row_schema(envelope: Mapping[str, Any] | None) -> dict[str, Mapping[str, An
 
 # -- column values -------------------------------------------------------------------------------------------
 
+_EXACT = decimal.Context(prec=200)  # DECIMAL has at most 65 digits: never round
 _EPOCH = dt.datetime(1970, 1, 1)
 _EPOCH_DAY = dt.date(1970, 1, 1)
 _SOURCE_TYPE = "__debezium.source.column.type"
@@ -649,7 +651,7 @@ def _unwrap_unsigned(value: Any, column: ColumnType) -> Any:
 
 def _decimal_bytes(data: bytes, scale: int) -> Decimal:
     """Kafka Connect's Decimal: the unscaled value as big-endian two's complement bytes."""
-    return Decimal(int.from_bytes(data, "big", signed=True)).scaleb(-scale)
+    return Decimal(int.from_bytes(data, "big", signed=True)).scaleb(-scale, _EXACT)
 
 
 def _binary(value: Any, mode: str) -> bytes:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import decimal
 import json
 import struct
 from collections.abc import Mapping
@@ -558,7 +559,7 @@ class DebeziumEncoder:
                 return str(value)
             if self.decimal_mode == "double":
                 return float(exact)
-            unscaled = int(exact.scaleb(column.scale or 0))
+            unscaled = int(exact.scaleb(column.scale or 0, decimal.Context(prec=200)))
             size = max(1, (unscaled.bit_length() + 8) // 8)
             return base64.b64encode(unscaled.to_bytes(size, "big", signed=True)).decode()
         if kind == "bit":
@@ -669,6 +670,12 @@ TYPED: dict[str, tuple[ColumnType, st.SearchStrategy[JsonValue]]] = {
     "de": (
         ColumnType("decimal", scale=4),
         st.integers(-(10**20), 10**20).map(lambda n: format(Decimal(n).scaleb(-4), "f")),
+    ),
+    "dw": (
+        ColumnType("decimal", scale=30),
+        st.integers(-(10**65) + 1, 10**65 - 1).map(
+            lambda n: format(Decimal(n).scaleb(-30, decimal.Context(prec=100)), "f")
+        ),
     ),
     "f": (ColumnType("float"), st.floats(width=32, allow_nan=False, allow_infinity=False).map(_float32)),
     "d": (ColumnType("double"), st.floats(allow_nan=False, allow_infinity=False)),
