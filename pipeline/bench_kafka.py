@@ -39,12 +39,25 @@ def read_messages(
     *,
     want: int,
     key_prefix: bytes,
+    end: Mapping[int, int] | None = None,
     timeout_s: float = 60.0,
 ) -> tuple[list[Copy], dict[int, int]]:
-    """Read ``topic`` from the ``start`` offsets (partition -> offset, 0 when absent) until ``want``
-    messages whose key starts with ``key_prefix`` are found; those (in each partition's order) and the
-    offsets to read from next time. Messages with another key are skipped (warm-up rows)."""
-    return asyncio.run(_read(bootstrap, topic, partitions, start, want, key_prefix, timeout_s))
+    """Read ``topic`` from the ``start`` offsets (partition -> offset, 0 when absent); the messages whose
+    key starts with ``key_prefix`` (in each partition's order; others, such as warm-up rows, are
+    skipped) and the offsets to read from next time.
+
+    Without ``end``: until ``want`` such messages are found (the topic must hold nothing after them).
+    With ``end`` (partition -> offset to stop before, from an earlier read): exactly that range, which
+    must hold ``want`` of them. KafkaBenchError otherwise, or after ``timeout_s``."""
+    found, following = asyncio.run(
+        _read(bootstrap, topic, partitions, start, end, want, key_prefix, timeout_s)
+    )
+    if len(found) != want:
+        raise KafkaBenchError(
+            f"found {len(found)} messages with keys {key_prefix!r} in {topic} from {dict(start)} "
+            f"to {dict(following)}, {want} expected"
+        )
+    return found, following
 
 
 async def _read(
@@ -52,6 +65,7 @@ async def _read(
     topic: str,
     partitions: int,
     start: Mapping[int, int],
+    end: Mapping[int, int] | None,
     want: int,
     key_prefix: bytes,
     timeout_s: float,
@@ -67,21 +81,30 @@ async def _read(
     await consumer.start()
     found: list[Copy] = []
     following = {p: start.get(p, 0) for p in range(partitions)}
+
+    def done() -> bool:
+        if end is None:
+            return len(found) >= want
+        return all(following[p] >= end.get(p, 0) for p in range(partitions))
+
     try:
         assigned = [TopicPartition(topic, p) for p in range(partitions)]
         consumer.assign(assigned)
         for tp in assigned:
             consumer.seek(tp, following[tp.partition])
         deadline = time.monotonic() + timeout_s
-        while len(found) < want:
+        while not done():
             if time.monotonic() > deadline:
                 raise KafkaBenchError(
-                    f"found {len(found)} of the {want} expected messages with keys {key_prefix!r} in "
-                    f"{topic} after {timeout_s:.0f} s"
+                    f"read {len(found)} of the {want} expected messages with keys {key_prefix!r} from "
+                    f"{topic} in {timeout_s:.0f} s (offsets {following}, end {end})"
                 )
             batches = await consumer.getmany(timeout_ms=200, max_records=20_000)
             for tp, messages in batches.items():
+                stop = None if end is None else end.get(tp.partition, 0)
                 for message in messages:
+                    if stop is not None and message.offset >= stop:
+                        break
                     following[tp.partition] = message.offset + 1
                     if message.key is not None and message.key.startswith(key_prefix):
                         found.append(Copy(tp.partition, message.key, message.value))

@@ -512,10 +512,9 @@ class PipelineBench:
                     report["backlogs"] = self._backlogs()
                 if "rates" in config.scenarios and config.rates:
                     report["rates"]["runs"] = self._rates()
-        except BenchProcessError as exc:
-            raise BenchError(f"{exc}\n(logs in {root})") from None
-        except TimeoutError as exc:
-            raise BenchError(f"{exc} (logs in {root}; rerun with --workdir DIR to keep them)") from None
+        except (BenchProcessError, TimeoutError) as exc:
+            where = "rerun with --workdir DIR to keep the logs" if own_dir else f"logs in {root}"
+            raise BenchError(f"{exc}\n({where})") from None
         finally:
             self.progress.finish()
             if own_dir:
@@ -574,7 +573,7 @@ class PipelineBench:
 
         kafka_next: dict[int, int] = dict(self.alone_next) if alone is not None else {}
         results: dict[str, Any] = {}
-        drains: list[tuple[dict[str, Any], _Backlog, dict[int, int]]] = []
+        drains: list[tuple[dict[str, Any], _Backlog, dict[int, int], dict[int, int]]] = []
         for run in range(1, config.runs + 1):
             for kind in config.kinds:
                 entry = results.setdefault(
@@ -601,8 +600,7 @@ class PipelineBench:
                     else:
                         self._connector_alone(alone, backlog)
                     # Where this backlog's messages are, for the worker runs (read again then).
-                    drains.append((record, backlog, kafka_next))
-                    _, kafka_next = read_messages(
+                    _, following = read_messages(
                         stack.broker.bootstrap,
                         alone.topic,
                         config.partitions,
@@ -610,6 +608,8 @@ class PipelineBench:
                         want=backlog.rows,
                         key_prefix=_key_prefix(kind),
                     )
+                    drains.append((record, backlog, kafka_next, following))
+                    kafka_next = following
                 if e2e_connector is not None and e2e_worker is not None:
                     self.progress.step(f"run {run}, {kind}: end to end (connector + worker)")
                     record["e2e"] = self._end_to_end(e2e_connector, e2e_worker, backlog)
@@ -623,14 +623,15 @@ class PipelineBench:
             if not group:
                 continue
             self._settle(group)
-            for record, backlog, offsets in drains:
+            for record, backlog, first, end in drains:
                 copies, _ = read_messages(
                     stack.broker.bootstrap,
                     self.alone_topic,
                     config.partitions,
-                    offsets,
+                    first,
                     want=backlog.rows,
                     key_prefix=_key_prefix(backlog.kind),
+                    end=end,
                 )
                 label = "worker alone" if name == "worker" else "2 workers"
                 self.progress.step(f"run {record['run']}, {backlog.kind}: {label}")
