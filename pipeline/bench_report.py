@@ -42,6 +42,17 @@ RATIOS = {
 }
 """Ratio label -> (numerator, denominator) scenario; the row of the numerator shows it."""
 SERVICES = ("mariadb", "kafka", "redis")
+NOTES = (
+    LEGEND,
+    "connector alone stops its clock at the checkpoint file's mtime; the connector saves it at most every "
+    "0.1 s, so that figure can be up to 0.1 s long.",
+    "CPU µs per change: CPU seconds of each process over the measured interval divided by the changes; "
+    "it depends less on the machine's load than the rates do, but contention inflates it too.",
+    "rejoins: consumer group (re)joins logged by the workers during a measurement; a figure with any "
+    "includes a rebalance stall.",
+)
+BUSY_CORES = 0.5
+"""Above this many cores used by other processes (median over a table's figures), the tables say so."""
 
 
 def spread(values: Iterable[float]) -> dict[str, float | int]:
@@ -201,7 +212,11 @@ def render(report: Mapping[str, Any], summary: Mapping[str, Any], console: Conso
         console.print(table)
     if summary.get("backlogs"):
         console.print(LEGEND)
-    rates = summary.get("rates", {})
+    _render_rates(summary.get("rates", {}), console)
+    _warn_if_busy(summary, console)
+
+
+def _render_rates(rates: Mapping[str, Any], console: Console) -> None:
     if not rates:
         return
     table = Table(
@@ -268,3 +283,18 @@ def render(report: Mapping[str, Any], summary: Mapping[str, Any], console: Conso
             _median_range(entry["background_cores"], "{:.1f}"),
         )
     console.print(cpu)
+
+
+def _warn_if_busy(summary: Mapping[str, Any], console: Console) -> None:
+    """Say so when the machine was busy with other work while the bench measured."""
+    medians = [
+        figures["background_cores"]["median"]
+        for entry in summary.get("backlogs", {}).values()
+        for figures in entry["scenarios"].values()
+    ] + [entry["background_cores"]["median"] for entry in summary.get("rates", {}).values()]
+    if medians and statistics.median(medians) > BUSY_CORES:
+        console.print(
+            f"[yellow]⚠ other processes used {statistics.median(medians):.1f} cores on average while "
+            "figures were measured: rates are lower than the code allows; compare the ratios (measured side "
+            "by side) and CPU per change, or rerun on a quiet machine.[/yellow]"
+        )

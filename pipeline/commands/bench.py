@@ -344,7 +344,7 @@ def pipeline_bench(
     import orjson
 
     from pipeline.bench_pipeline import BenchConfig, BenchError, PipelineBench, parse_only
-    from pipeline.bench_report import render, summarize
+    from pipeline.bench_report import NOTES, render, summarize
 
     try:
         kinds, scenarios = parse_only(only or [])
@@ -385,6 +385,7 @@ def pipeline_bench(
         console.print(f"[red]bench failed[/red]: {exc}")
         raise typer.Exit(1) from None
     report["summary"] = summarize(report)
+    report["notes"] = list(NOTES)
     render(report, report["summary"], console)
     console.print(f"finished in {report['seconds']:,.0f} s")
     if json_path is not None:

@@ -15,9 +15,10 @@ from typing import Any
 
 import orjson
 import pytest
+from rich.console import Console
 
 from pipeline.bench_pipeline import BenchConfig, parse_only
-from pipeline.bench_report import summarize
+from pipeline.bench_report import render, summarize
 
 STAGES = {"commit->connector", "connector->worker", "worker->planned", "planned->tier:redis"}
 
@@ -183,6 +184,25 @@ def test_summary_takes_medians_over_runs_and_ratios_per_run() -> None:
     }
     # Per-run ratios 0.5, 0.9, 0.4: their median, not the ratio of the medians (600 / 1500 = 0.4).
     assert single["ratios"] == {"connector / raw decode": {"median": 0.5, "min": 0.4, "max": 0.9, "runs": 3}}
+
+
+def test_tables_say_when_other_processes_kept_the_machine_busy() -> None:
+    def printed(background: float) -> str:
+        runs = [{"run": 1, **_run({"raw-decode": 1000.0, "connector": 500.0})}]
+        for scenario in runs[0].values():
+            if isinstance(scenario, dict):
+                scenario["background_cores"] = background
+        report = {
+            "config": {"runs": 1},
+            "backlogs": {"single": {"rows": 100, "transactions": 100, "runs": runs}},
+        }
+        console = Console(record=True, width=200)
+        render(report, summarize(report), console)
+        return console.export_text()
+
+    assert "connector / raw decode: 0.50x" in printed(0.1)
+    assert "other processes used" not in printed(0.1)
+    assert "other processes used 1.5 cores" in printed(1.5)
 
 
 def test_only_picks_backlogs_and_scenarios_and_full_matches_the_issue() -> None:
