@@ -21,17 +21,26 @@ For each backlog and run:
   reports); the clock stops when every partition's acknowledged offset reaches its last copy;
 - ``workers-2``: the same with two workers of one consumer group, settled before the backlog.
 
+The worker runs of every backlog come after the others, one group at a time: a group of two frozen
+for longer than its session timeout rebalances when thawed (5 s with this broker), so each group is
+thawed and settled once and then frozen only for the second or so of each fill. A measurement during
+which a worker (re)joined its group anyway is flagged (``rejoins``).
+
 Every process that is not being measured is frozen, so that nothing idle is charged to what is being
 measured (an idle worker polls the broker every 10 ms: about 0.1 core here). Workers report progress
 through ``/freshkey/consumer-lag``, which costs the worker the same whatever it has done; the bench
 reads ``/freshkey/stats`` (whose cost grows with its samples) only once a run is over.
 
 ``rates``: for each rate, a fresh connector and worker on a fresh topic (so the worker's stats hold
-that run alone), warmed by one row; single-row updates are driven at the rate for ``rate_seconds``
-against a table bound with a µs commit-time column, then the worker's ``stages_ms`` and ``lag_ms`` are
-read. Sustained: throughput (changes over the time from the first change to the last applied) at
-least 0.95 of the rate driven, catch-up after the last change at most 2 s, and the driver reached at
-least 0.95 of the asked rate.
+that run alone) that read only that rate's table (bound with a µs commit-time column) and its warm-up
+table; the pairs of one run start together and are frozen, each is thawed for its own rate, warmed by
+one row, and single-row updates are driven at the rate for ``rate_seconds``; then the worker's
+``stages_ms`` and ``lag_ms`` are read and the pair is stopped. Sustained: throughput (changes over
+the time from the first change to the last applied) at least 0.95 of the rate driven, catch-up after
+the last change at most 2 s, and the driver reached at least 0.95 of the asked rate.
+
+Measured here with the stats of a worker holding 20,000 samples: ``/freshkey/stats`` 13 ms per call
+(6 ms of the worker's CPU), ``/freshkey/consumer-lag`` 1.6 ms (1.0 ms).
 
 Each scenario records its CPU seconds and peak RSS per process (:mod:`pipeline.bench_procs`). The
 report (a dict, written as JSON by the command) holds every run; :mod:`pipeline.bench_report`
