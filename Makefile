@@ -93,10 +93,10 @@ format: setup ## Apply ruff's fixes and formatting
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-bench: setup ## Benchmarks: print figures (not timed tests)
+bench: setup ## Benchmarks: print figures (not timed tests); the JSON goes to artifacts/
 	@mkdir -p artifacts
-	$(VENV)/bin/freshkey bench --json artifacts/bench-keys.json
-	$(VENV)/bin/freshkey demo --changes 20000 --rate 1000 --json artifacts/bench-demo.json
+	$(VENV)/bin/freshkey bench keys --json artifacts/bench-keys.json
+	$(VENV)/bin/freshkey bench pipeline --json artifacts/bench-pipeline.json
 
 clean: ## Remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache artifacts

@@ -63,6 +63,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+import orjson
+
 JsonValue = None | bool | int | float | str | list[Any] | dict[str, Any]
 
 # -- column types ------------------------------------------------------------------------------------------
@@ -273,14 +275,23 @@ def float32_json(value: float) -> float | str:
     single: float = struct.unpack("<f", packed)[0]
     if not math.isfinite(single):
         return value
-    for digits in range(1, 10):  # 9 significant digits always round-trip a float32
-        text = f"{single:.{digits}g}"
-        try:
-            if struct.pack("<f", float(text)) == packed:
-                return float(text)
-        except OverflowError:  # rounded up past the largest float32: needs more digits
-            continue
-    return single  # unreachable: 9 digits suffice
+    # The fewest significant digits that read back as the same float32: 9 always do, and if some count
+    # does, every larger one does too (a closer decimal), so a binary search finds it.
+    low, high = 1, 9
+    while low < high:
+        middle = (low + high) // 2
+        if _reads_back(f"{single:.{middle}g}", packed):
+            high = middle
+        else:
+            low = middle + 1
+    return float(f"{single:.{low}g}")
+
+
+def _reads_back(text: str, packed: bytes) -> bool:
+    try:
+        return struct.pack("<f", float(text)) == packed
+    except OverflowError:  # rounded up past the largest float32: needs more digits
+        return False
 
 
 def _float(value: object, column: ColumnType) -> JsonValue:
@@ -462,9 +473,12 @@ def _json(value: object, column: ColumnType) -> JsonValue:
         value = bytes(value).decode("utf-8")
     if isinstance(value, str):
         try:
-            parsed = json.loads(value, parse_int=_json_int, parse_constant=_no_constant)
-        except ValueError:
-            return value  # not JSON after all (a MariaDB column whose check was off): keep the text
+            parsed: Any = orjson.loads(value)  # fast path: integers within 64 bits, finite numbers
+        except orjson.JSONDecodeError:
+            try:
+                parsed = json.loads(value, parse_int=_json_int, parse_constant=_no_constant)
+            except ValueError:
+                return value  # not JSON after all (a MariaDB column whose check was off): keep the text
         return _json_tree(parsed)
     return _json_tree(value)
 

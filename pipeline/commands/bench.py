@@ -1,7 +1,12 @@
-"""``freshkey bench``: semantic-key throughput by batch size, the keying of a whole-namespace cutover,
-and a real cutover on Redis.
+"""``freshkey bench``: figures, not tests. Two commands:
 
-Figures, not tests. Each throughput figure is the median of ``--repeats`` timed runs; the cutover
+- ``freshkey bench keys``: semantic-key throughput by batch size, the keying of a whole-namespace
+  cutover, and a real cutover on Redis (below);
+- ``freshkey bench pipeline``: the whole pipeline against its ceilings on the embedded stack (raw
+  binlog decode, raw Redis CAS, connector alone, worker alone, end to end, 2 workers, fixed rates);
+  see :mod:`pipeline.bench_pipeline`.
+
+``freshkey bench keys``: each throughput figure is the median of ``--repeats`` timed runs; the cutover
 figure is one run that really computes ``--cutover-entries`` keys in batches (no extrapolation), with
 the random embeddings generated outside the timed sections. The SHA-256 of the cutover's keys is printed
 per device (over the keys as little-endian unsigned 64-bit words): equal digests on CPU and CUDA show the
@@ -14,31 +19,45 @@ the ``--prewarm-entries`` hottest entries: the pending write, the prewarm (old e
 rows reloaded from an in-memory loader, keys computed with the new weights, entries written with the
 write script) and the switch, which is ONE compare-and-set of the signature key whatever the size of
 the namespace. It then checks that no sampled old entry is served and every hot entry is.
+
+torch is imported by ``keys`` only: ``bench pipeline`` measures processes next to its own, and its own
+resident memory should not carry a library it does not use.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import statistics
 import struct
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import torch
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from cache_writer.semantic import KeyHashWeights, SemanticKeyer
-from cache_writer.semantic.exceptions import DeviceUnavailableError
-from cache_writer.semantic.keys import key_words, resolve_device
+from pipeline.bench_pipeline import Progress as BenchProgress
+
+if TYPE_CHECKING:
+    import torch
+
+    from cache_writer.semantic import SemanticKeyer
 
 console = Console()
 
+bench_app = typer.Typer(
+    name="bench",
+    help="Benchmarks that print figures (not timed tests): `keys` and `pipeline`.",
+    no_args_is_help=True,
+    add_completion=False,
+)
 
-def bench(
+
+@bench_app.command("keys")
+def keys(
     device: Annotated[
         str, typer.Option("--device", help="auto: the CPU, and CUDA too when present; or cpu, cuda.")
     ] = "auto",
@@ -68,6 +87,11 @@ def bench(
 ) -> None:
     """Measure semantic keys/s by batch size, the time to rekey a cutover and a prewarm, and a real
     cutover of a namespace on Redis (one signature write) with the prewarm of its hottest entries."""
+    import torch
+
+    from cache_writer.semantic import KeyHashWeights, SemanticKeyer
+    from cache_writer.semantic.exceptions import DeviceUnavailableError
+
     sizes = batch_sizes or [1, 16, 256, 4096]
     if key_bits not in (64, 128) or min(sizes) < 1 or repeats < 1 or cutover_batch < 1:
         console.print("[red]✗[/red] key bits must be 64 or 128; sizes and repeats positive")
@@ -119,12 +143,18 @@ def bench(
 
 
 def _devices(choice: str) -> list[torch.device]:
+    import torch
+
+    from cache_writer.semantic.keys import resolve_device
+
     if choice.strip().lower() == "auto":
         return [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
     return [resolve_device(choice)]
 
 
 def _sync(device: torch.device) -> None:
+    import torch
+
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -132,6 +162,8 @@ def _sync(device: torch.device) -> None:
 def _throughput(
     keyer: SemanticKeyer, size: int, dim: int, repeats: int, keys_per_run: int, seed: int
 ) -> dict[str, Any]:
+    import torch
+
     generator = torch.Generator().manual_seed(seed + size)
     batch = torch.randn(size, dim, generator=generator)
     calls = max(1, -(-keys_per_run // size))
@@ -156,6 +188,10 @@ def _throughput(
 def _rekey(
     keyer: SemanticKeyer, label: str, entries: int, batch_size: int, dim: int, seed: int
 ) -> dict[str, Any]:
+    import torch
+
+    from cache_writer.semantic.keys import key_words
+
     generator = torch.Generator().manual_seed(seed + 1)
     digest = hashlib.sha256()
     keyed = 0
@@ -221,3 +257,173 @@ def _print(report: dict[str, Any]) -> None:
             row["keys_sha256"][:12],
         )
     console.print(rekey)
+
+
+@functools.wraps(keys)
+def bench(*args: Any, **kwargs: Any) -> None:
+    """The keys bench under its old command name, for ``pipeline/cli.py`` as long as it registers ``bench``
+    as a plain command (``app.command()(bench)``) rather than :data:`bench_app` as the ``bench`` group
+    (``app.add_typer(bench_app, name="bench")``), which gives ``freshkey bench keys|pipeline``."""
+    keys(*args, **kwargs)
+
+
+bench.__name__ = "bench"  # typer names a command after its function
+
+
+@bench_app.command("pipeline")
+def pipeline_bench(
+    only: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--only",
+            help="Backlogs and scenarios to run, repeatable or comma-separated: single, multi (backlogs); "
+            "raw-decode, raw-redis, connector, e2e, worker, workers-2, rates (scenarios). Naming no "
+            "backlog runs both; naming no scenario runs them all.",
+        ),
+    ] = None,
+    changes: Annotated[
+        int | None,
+        typer.Option(
+            "--changes",
+            min=1,
+            help="Rows per backlog: single-row transactions, and rows of the multi-row INSERTs "
+            "(default 10,000; --full 50,000).",
+            show_default=False,
+        ),
+    ] = None,
+    insert_rows: Annotated[
+        int, typer.Option("--insert-rows", min=1, help="Rows per multi-row INSERT.")
+    ] = 1000,
+    rows: Annotated[
+        int, typer.Option("--rows", min=1, help="Distinct rows the single-row updates cycle over.")
+    ] = 1000,
+    rates: Annotated[
+        str | None,
+        typer.Option(
+            "--rates",
+            help="Changes/s of the fixed-rate runs, comma-separated (default 500,1000,2000,5000).",
+            show_default=False,
+        ),
+    ] = None,
+    rate_seconds: Annotated[
+        float | None,
+        typer.Option(
+            "--rate-seconds",
+            min=0.1,
+            help="How long each fixed-rate run drives changes (default 2; --full 10). Sustained needs "
+            "changes / (drive + catch-up) >= 0.95x the driven rate, so a short run judges strictly: 2 s "
+            "fail with 0.11 s of catch-up, 10 s with 0.53 s.",
+            show_default=False,
+        ),
+    ] = None,
+    runs: Annotated[
+        int, typer.Option("--runs", min=1, help="Runs of everything; medians with min/max are printed.")
+    ] = 3,
+    partitions: Annotated[int, typer.Option("--partitions", min=1, help="Partitions of each topic.")] = 4,
+    full: Annotated[
+        bool,
+        typer.Option(
+            "--full",
+            help="The sizes of issue 9: 50,000 single-row transactions, 50 INSERTs of 1,000 rows, 10 s "
+            "per rate (explicit options still win).",
+        ),
+    ] = False,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Also write every figure here.")] = None,
+    workdir: Annotated[
+        Path | None,
+        typer.Option("--workdir", help="Keep the services' data and the processes' logs here."),
+    ] = None,
+    timeout_s: Annotated[
+        float, typer.Option("--timeout", min=1, help="Longest wait for any one step, seconds.")
+    ] = 300.0,
+) -> None:
+    """Measure the pipeline on the embedded stack: raw binlog decode and raw Redis CAS (the ceilings),
+    connector alone, worker alone, end to end and 2 workers on a backlog of single-row transactions and
+    one of multi-row INSERTs, then fixed rates with lag per stage; CPU and peak RSS per process."""
+    import signal
+    from types import FrameType
+
+    import orjson
+
+    from pipeline.bench_pipeline import BenchConfig, BenchError, PipelineBench, parse_only
+    from pipeline.bench_report import NOTES, render, summarize
+
+    try:
+        kinds, scenarios = parse_only(only or [])
+        overrides: dict[str, Any] = {
+            "insert_rows": insert_rows,
+            "rows": rows,
+            "runs": runs,
+            "partitions": partitions,
+            "kinds": kinds,
+            "scenarios": scenarios,
+            "timeout_s": timeout_s,
+        }
+        if changes is not None:
+            overrides["changes"] = changes
+        if rate_seconds is not None:
+            overrides["rate_seconds"] = rate_seconds
+        if rates is not None:
+            overrides["rates"] = tuple(float(r) for r in rates.split(",") if r.strip())
+        config = BenchConfig.full(**overrides) if full else BenchConfig(**overrides)
+        config.check()
+    except ValueError as exc:
+        console.print(f"[red]✗[/red] {exc}")
+        raise typer.Exit(2) from None
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    # Ctrl-C and SIGTERM both unwind through the bench, which stops every process and service it started.
+    signal.signal(signal.SIGINT, interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
+    progress = _RichProgress()
+    try:
+        report = PipelineBench(config, progress, workdir=workdir).run()
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/yellow]: everything the bench started has been stopped.")
+        raise typer.Exit(130) from None
+    except BenchError as exc:
+        console.print(f"[red]bench failed[/red]: {exc}")
+        raise typer.Exit(1) from None
+    report["summary"] = summarize(report)
+    report["notes"] = list(NOTES)
+    render(report, report["summary"], console)
+    console.print(f"finished in {report['seconds']:,.0f} s")
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
+        console.print(f"figures written to {json_path}")
+
+
+class _RichProgress(BenchProgress):
+    """:class:`pipeline.bench_pipeline.Progress` as a rich progress bar, with result lines above it."""
+
+    def __init__(self) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.bar = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+        )
+        self.task: Any = None
+
+    def start(self, total: int) -> None:
+        self.bar.start()
+        self.task = self.bar.add_task("starting", total=total)
+
+    def step(self, description: str) -> None:
+        if self.task is not None:
+            started = self.bar.tasks[0].fields.get("started", False)
+            self.bar.update(self.task, description=description, advance=1 if started else 0, started=True)
+
+    def log(self, text: str) -> None:
+        self.bar.console.log(text)
+
+    def finish(self) -> None:
+        if self.task is not None:
+            self.bar.update(self.task, completed=self.bar.tasks[0].total)
+        self.bar.stop()
