@@ -29,7 +29,7 @@ app.command()(verify)
 
 def _register_optional() -> None:
     """Commands whose modules import heavier things (torch, the embedded services) load lazily."""
-    from pipeline.commands.bench import bench
+    from pipeline.commands.bench import bench_app
     from pipeline.commands.demo import demo
     from pipeline.commands.heartbeat import heartbeat
     from pipeline.commands.model import model_app
@@ -38,7 +38,7 @@ def _register_optional() -> None:
     app.command()(demo)
     app.command()(sla)
     app.command()(heartbeat)
-    app.command()(bench)
+    app.add_typer(bench_app, name="bench")
     app.add_typer(model_app, name="model")
 
 

@@ -4,7 +4,7 @@
   cutover, and a real cutover on Redis (below);
 - ``freshkey bench pipeline``: the whole pipeline against its ceilings on the embedded stack (raw
   binlog decode, raw Redis CAS, connector alone, worker alone, end to end, 2 workers, fixed rates);
-  see :mod:`pipeline.bench_pipeline`.
+  see :mod:`pipeline.bench.pipeline`.
 
 ``freshkey bench keys``: each throughput figure is the median of ``--repeats`` timed runs; the cutover
 figure is one run that really computes ``--cutover-entries`` keys in batches (no extrapolation), with
@@ -26,7 +26,6 @@ resident memory should not carry a library it does not use.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import statistics
@@ -39,7 +38,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from pipeline.bench_pipeline import Progress as BenchProgress
+from pipeline.bench.pipeline import Progress as BenchProgress
 
 if TYPE_CHECKING:
     import torch
@@ -259,17 +258,6 @@ def _print(report: dict[str, Any]) -> None:
     console.print(rekey)
 
 
-@functools.wraps(keys)
-def bench(*args: Any, **kwargs: Any) -> None:
-    """The keys bench under its old command name, for ``pipeline/cli.py`` as long as it registers ``bench``
-    as a plain command (``app.command()(bench)``) rather than :data:`bench_app` as the ``bench`` group
-    (``app.add_typer(bench_app, name="bench")``), which gives ``freshkey bench keys|pipeline``."""
-    keys(*args, **kwargs)
-
-
-bench.__name__ = "bench"  # typer names a command after its function
-
-
 @bench_app.command("pipeline")
 def pipeline_bench(
     only: Annotated[
@@ -345,8 +333,8 @@ def pipeline_bench(
 
     import orjson
 
-    from pipeline.bench_pipeline import BenchConfig, BenchError, PipelineBench, parse_only
-    from pipeline.bench_report import NOTES, render, summarize
+    from pipeline.bench.pipeline import BenchConfig, BenchError, PipelineBench, parse_only
+    from pipeline.bench.report import NOTES, render, summarize
 
     try:
         kinds, scenarios = parse_only(only or [])
@@ -397,7 +385,7 @@ def pipeline_bench(
 
 
 class _RichProgress(BenchProgress):
-    """:class:`pipeline.bench_pipeline.Progress` as a rich progress bar, with result lines above it."""
+    """:class:`pipeline.bench.pipeline.Progress` as a rich progress bar, with result lines above it."""
 
     def __init__(self) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

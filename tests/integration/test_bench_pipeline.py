@@ -17,8 +17,8 @@ import orjson
 import pytest
 from rich.console import Console
 
-from pipeline.bench_pipeline import BenchConfig, parse_only
-from pipeline.bench_report import render, summarize
+from pipeline.bench.pipeline import BenchConfig, parse_only
+from pipeline.bench.report import render, summarize
 
 STAGES = {"commit->connector", "connector->worker", "worker->planned", "planned->tier:redis"}
 

@@ -34,8 +34,8 @@ from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, Write
 
 from cache_writer.entries import Entry, read_namespace
 from connectors.database import column_types
-from pipeline.catchup import fetch_stats
-from pipeline.local_services import free_port, preexec_die_with_parent
+from pipeline.demo.catchup import fetch_stats
+from pipeline.embedded import free_port, preexec_die_with_parent
 from schemas import ChangeEvent, decode, encode, message_key
 from schemas.debezium import DebeziumOptions, DebeziumTopics, Skip, decode_any
 from schemas.values import ColumnType, binlog_column_types, binlog_row_to_json

@@ -81,19 +81,14 @@ from confluent_kafka import KafkaException
 from pydantic import SecretStr
 
 from cache_writer.entries import parse_entry
-from cache_writer.keys import signature_key
+from cache_writer.layout import signature_key
 from cache_writer.signatures import parse_signatures
 from connectors.checkpoint import BinlogPosition, CheckpointStore
 from connectors.settings import MySQLSettings
-from pipeline.local_services import (
-    LocalKafka,
-    LocalMariaDB,
-    LocalRedis,
-    MissingBinaryError,
-    ServiceStartError,
-)
-from pipeline.telemetry import BrokerOffsets
-from pipeline.verify import Verification, run_verification
+from pipeline.embedded import LocalKafka, LocalMariaDB, LocalRedis, MissingBinaryError, ServiceStartError
+from pipeline.observe.broker import BrokerOffsets
+from pipeline.verify.judge import Verification
+from pipeline.verify.run import run_verification
 from schemas import Binding, ChangeEvent, decode, parse_bindings
 from tests.conftest import MySQLService
 

@@ -403,10 +403,10 @@ def test_bench_command_writes_its_figures(tmp_path: Path) -> None:
     import typer
     from typer.testing import CliRunner
 
-    from pipeline.commands.bench import bench
+    from pipeline.commands.bench import keys
 
     app = typer.Typer()
-    app.command()(bench)
+    app.command()(keys)
     out = tmp_path / "bench.json"
     args = [
         "--device",

@@ -1,6 +1,6 @@
 """The figures of ``freshkey bench pipeline``: medians over runs, ratios, and the tables it prints.
 
-:func:`summarize` turns the report of :class:`pipeline.bench_pipeline.PipelineBench` (every run of
+:func:`summarize` turns the report of :class:`pipeline.bench.pipeline.PipelineBench` (every run of
 every scenario) into median / min / max per figure. Ratios are taken per run (both figures measured
 minutes apart at most, on the same services) and then summarised, because on a shared machine the
 ratio of two figures measured side by side is steadier than either figure. :func:`render` prints the
@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from pipeline.web.series import stage_order
+from pipeline.observe.series import stage_order
 
 SCENARIO_LABELS = {
     "raw-decode": "raw decode",

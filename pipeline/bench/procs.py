@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.local_services import preexec_die_with_parent
+from pipeline.embedded import preexec_die_with_parent
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _MIB = 1024 * 1024

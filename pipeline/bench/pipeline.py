@@ -9,7 +9,7 @@ private Redis and the Tansu Kafka broker, started with :mod:`pipeline.local_serv
 
 For each backlog and run:
 
-- ``raw-decode``: plain pymysqlreplication over the backlog's binlog range (:mod:`pipeline.bench_raw`);
+- ``raw-decode``: plain pymysqlreplication over the backlog's binlog range (:mod:`pipeline.bench.raw`);
 - ``raw-redis``: as many pipelined ``EVALSHA`` of the worker's write script from this process;
 - ``connector``: a warm connector, frozen (SIGSTOP) while the backlog was written, is thawed; the clock
   stops when its checkpoint file reaches the binlog position after the backlog (the file's mtime: the
@@ -42,8 +42,8 @@ the last change at most 2 s, and the driver reached at least 0.95 of the asked r
 Measured here with the stats of a worker holding 20,000 samples: ``/freshkey/stats`` 13 ms per call
 (6 ms of the worker's CPU), ``/freshkey/consumer-lag`` 1.6 ms (1.0 ms).
 
-Each scenario records its CPU seconds and peak RSS per process (:mod:`pipeline.bench_procs`). The
-report (a dict, written as JSON by the command) holds every run; :mod:`pipeline.bench_report`
+Each scenario records its CPU seconds and peak RSS per process (:mod:`pipeline.bench.procs`). The
+report (a dict, written as JSON by the command) holds every run; :mod:`pipeline.bench.report`
 summarises it (median, min, max over runs, and per-run ratios).
 """
 
@@ -68,11 +68,11 @@ import orjson
 import pymysql
 from pymysql.constants import CLIENT
 
-from pipeline.bench_kafka import Copy, produce_copies, read_messages
-from pipeline.bench_procs import BenchProcessError, FreshkeyProcess, Sampler, cpu_seconds, wait_until
-from pipeline.bench_raw import raw_decode, raw_redis_cas
-from pipeline.catchup import fetch_stats
-from pipeline.local_services import LocalKafka, LocalMariaDB, LocalRedis, free_port
+from pipeline.bench.kafka import Copy, produce_copies, read_messages
+from pipeline.bench.procs import BenchProcessError, FreshkeyProcess, Sampler, cpu_seconds, wait_until
+from pipeline.bench.raw import raw_decode, raw_redis_cas
+from pipeline.demo.catchup import fetch_stats
+from pipeline.embedded import LocalKafka, LocalMariaDB, LocalRedis, free_port
 
 KINDS = ("single", "multi")
 BACKLOG_SCENARIOS = ("raw-decode", "raw-redis", "connector", "e2e", "worker", "workers-2")
