@@ -98,8 +98,8 @@ def demo(
                 bar.stop()
 
         def endpoints(self, endpoints: Endpoints) -> None:
-            after = "; it stays up after the run (--serve)" if serve else ""
-            console.log(f"dashboard: {escape(endpoints.dashboard)} (live while the demo runs{after})")
+            live = "live until Ctrl-C" if serve else "live while the demo runs"
+            console.log(f"dashboard, {live}: {escape(endpoints.dashboard)}")
 
     def keep_serving(result: DemoResult, endpoints: Endpoints) -> None:
         _print_result(result, leases=leases, json_path=json_path)

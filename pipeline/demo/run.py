@@ -24,12 +24,15 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pymysql
 import redis.asyncio as aioredis
 
@@ -384,6 +387,16 @@ def run_demo(
             _wait(lambda: checkpoint.path.exists(), 60, "the connector", alive)
             _wait(lambda: fetch_stats(endpoints.stats) is not None, 60, "the worker", alive)
             progress.endpoints(endpoints)
+            # Changes committed before the worker's consumer has joined its group wait for the join (5 s
+            # on the test broker): the heartbeats start once it consumes, so that their lags, which the
+            # SLA judges, are the pipeline's and not its start-up's.
+            progress.stage("waiting for the worker to join its consumer group")
+            _wait(
+                lambda: _consuming(endpoints.sla),
+                90,
+                "the worker's consumer (a figure for every partition of the change topic)",
+                alive,
+            )
 
             admin_mysql = MySQLSettings(
                 host=db.host, port=db.port, user=db.admin_user, password=db.admin_password
@@ -517,6 +530,19 @@ def run_demo(
     finally:
         if own_dir:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def _consuming(sla_url: str) -> bool:
+    """Whether the worker consumes every partition of the change topic (its SLA state knows a figure for
+    each); True as well for a worker without the SLA route, which cannot tell."""
+    try:
+        with urllib.request.urlopen(sla_url, timeout=2) as response:
+            state: dict[str, Any] = orjson.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code == 404
+    except (OSError, ValueError):
+        return False
+    return state.get("unknown_partitions") == 0
 
 
 def _settled_stats(url: str, written: Written) -> dict[str, Any]:
