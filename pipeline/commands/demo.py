@@ -246,7 +246,7 @@ def _print_endpoints(endpoints: Endpoints) -> None:
         ("worker SLA", endpoints.sla, "JSON: the SLA targets"),
         ("worker metrics", endpoints.worker_metrics, "Prometheus"),
         ("connector metrics", endpoints.connector_metrics, "Prometheus"),
-        ("settings", str(endpoints.env_file), "this stack's FRESHKEY_* (for --env-file)"),
+        ("settings", str(endpoints.env_file), "this stack's FRESHKEY_* settings, for --env-file"),
     ):
         console.print(f"  {name:<18} {where}   ({what})", markup=False, highlight=False, soft_wrap=True)
     console.print("Try, in another terminal:")
