@@ -57,6 +57,11 @@ class KafkaSettings(BaseSettings):
         description="Hit counts (forwarded from the clients' Redis stream) and cutover commands, keyed by "
         "namespace: a namespace's hotness and its cutovers are handled by the same worker.",
     )
+    debezium_topics: str | None = Field(
+        None,
+        description="With FRESHKEY_WORKER_INPUT=debezium: the Debezium topics, as comma-separated names, a "
+        "JSON list, or regex:<pattern>.",
+    )
     partitions: int = Field(4, ge=1, le=10_000)
     replication_factor: int = Field(1, ge=1)
     max_message_bytes: int = Field(

@@ -11,12 +11,18 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
+from collections.abc import Mapping
+
+import pymysql
 
 from cache_writer.retry import RetryPolicy
-from connectors.database import primary_key, table_columns
+from connectors.database import column_types, primary_key, table_columns
+from connectors.kafka.topics import topic_names
+from connectors.settings import KafkaSettings, MySQLSettings
 from pipeline.agents import changes, hotness, models, sla
-from pipeline.config import AllSettings
+from pipeline.config import AllSettings, SettingsError, debezium_options
 from pipeline.context import SignatureLog, Worker
 from pipeline.cutover import Cutovers
 from pipeline.dead_letters import DeadLetterWriter
@@ -27,11 +33,57 @@ from pipeline.observe.broker import BrokerOffsets
 from pipeline.observe.otel import OtelObserver, configure_telemetry
 from pipeline.observe.progress import ConsumerProgress
 from pipeline.observe.sla import SlaEvaluator
-from pipeline.processor import ChangeProcessor
+from pipeline.processor import ChangeProcessor, Decoder
 from pipeline.tiers import Tiers
 from pipeline.web import install_dashboard
 from pipeline.web.api import install_api
-from schemas import Binding, Bindings
+from schemas import Binding, Bindings, ChangeEvent, DdlEvent
+from schemas.debezium import DebeziumOptions, Skip, decode_any
+from schemas.values import ColumnType
+
+log = logging.getLogger(__name__)
+
+
+def debezium_topic_names(options: DebeziumOptions, kafka: KafkaSettings) -> list[str]:
+    """The Debezium topics the worker subscribes to: the names given, or the topics matching the pattern
+    now (faust-streaming's Kafka driver cannot subscribe to a pattern: a topic created later, for a table
+    added later, is read after the worker's next start)."""
+    if options.topics.pattern is None:
+        return list(options.topics.names)
+    names = [t for t in topic_names(kafka) if options.topics.matches(t)]
+    if not names:
+        raise SettingsError(
+            f"no topic matches FRESHKEY_KAFKA_DEBEZIUM_TOPICS=regex:{options.topics.pattern} on "
+            f"{kafka.bootstrap}; check the pattern, or start the worker once Debezium created its topics"
+        )
+    log.info("reading the Debezium topics %s", ", ".join(names))
+    return names
+
+
+def input_decoder(options: DebeziumOptions, mysql: MySQLSettings) -> Decoder:
+    """The processor's decoder for ``FRESHKEY_WORKER_INPUT``. Debezium messages without a schema are
+    decoded with the table's column types, read from the database once per table (again after a DDL of
+    its database); a table that cannot be read leaves those messages to be dead-lettered with the reason.
+    """
+    types: dict[tuple[str, str], Mapping[str, ColumnType] | None] = {}
+
+    def column_types_of(database: str, table: str) -> Mapping[str, ColumnType] | None:
+        if (database, table) not in types:
+            try:
+                types[(database, table)] = column_types(mysql, database, table) or None
+            except (pymysql.err.OperationalError, pymysql.err.InterfaceError) as exc:
+                log.warning("column types of %s.%s not read (%r)", database, table, exc)
+                return None
+        return types[(database, table)]
+
+    def decoder(topic: str, key: bytes | None, value: bytes | None) -> ChangeEvent | DdlEvent | Skip:
+        event = decode_any(topic, key, value, options, column_types=column_types_of)
+        if isinstance(event, DdlEvent):
+            for known in [k for k in types if k[0] == event.source.db]:
+                del types[known]
+        return event
+
+    return decoder
 
 
 def create_app(settings: AllSettings, bindings: Bindings) -> Worker:
@@ -61,8 +113,13 @@ def create_app(settings: AllSettings, bindings: Bindings) -> Worker:
         # A stopping or rebalancing worker does not wait for its unacknowledged batch: it is replayed.
         stream_wait_empty=False,
     )
+    options = debezium_options(settings)
+    if options.input == "debezium":
+        input_topic = app.topic(*debezium_topic_names(options, kafka), internal=False)
+    else:
+        input_topic = app.topic(kafka.change_topic, partitions=kafka.partitions, internal=False)
     topics = {
-        "changes": app.topic(kafka.change_topic, partitions=kafka.partitions, internal=False),
+        "changes": input_topic,
         "dead_letters": app.topic(kafka.dead_letter_topic, internal=False),
         "model_updates": app.topic(kafka.model_update_topic, internal=False),
         "hotness": app.topic(kafka.hotness_topic, partitions=kafka.partitions, internal=False),
@@ -75,7 +132,14 @@ def create_app(settings: AllSettings, bindings: Bindings) -> Worker:
         worker.fence_after_s if worker.fence_after_s is not None else settings.sla.window_ms / 1000
     )
     policy = RetryPolicy(fence_after_s=fence_after_s)
-    processor = ChangeProcessor(bindings, [], key_prefix=redis.key_prefix, models=registry, policy=policy)
+    processor = ChangeProcessor(
+        bindings,
+        [],
+        key_prefix=redis.key_prefix,
+        models=registry,
+        policy=policy,
+        decoder=input_decoder(options, settings.mysql),
+    )
 
     async def columns_of(binding: Binding) -> tuple[str, ...]:
         return await asyncio.to_thread(table_columns, settings.mysql, binding.database, binding.table_name)

@@ -16,6 +16,7 @@ from connectors.heartbeat import HeartbeatSettings
 from connectors.settings import ConnectorSettings, KafkaSettings, MySQLSettings
 from pipeline.settings import (
     BindingSettings,
+    DebeziumSettings,
     HotnessSettings,
     ModelSettings,
     SlaSettings,
@@ -23,6 +24,7 @@ from pipeline.settings import (
     WorkerSettings,
 )
 from schemas import Bindings, parse_bindings
+from schemas.debezium import DebeziumOptions, DebeziumTopics
 from schemas.errors import Misconfigured
 
 S = TypeVar("S", bound=BaseSettings)
@@ -64,6 +66,7 @@ class AllSettings:
     sla: SlaSettings
     telemetry: TelemetrySettings
     heartbeat: HeartbeatSettings
+    debezium: DebeziumSettings
     bindings_path: Path
 
     @classmethod
@@ -80,8 +83,24 @@ class AllSettings:
             sla=load_settings(SlaSettings, env_file),
             telemetry=load_settings(TelemetrySettings, env_file),
             heartbeat=load_settings(HeartbeatSettings, env_file),
+            debezium=load_settings(DebeziumSettings, env_file),
             bindings_path=load_settings(BindingSettings, env_file).bindings,
         )
+
+
+def debezium_options(settings: AllSettings) -> DebeziumOptions:
+    """How the worker reads its input (``FRESHKEY_WORKER_INPUT``, ``FRESHKEY_KAFKA_DEBEZIUM_TOPICS``,
+    ``FRESHKEY_DEBEZIUM_*``), checked together; SettingsError says what to change."""
+    try:
+        topics = DebeziumTopics.parse(settings.kafka.debezium_topics or "")
+        return DebeziumOptions(
+            input=settings.worker.input,
+            topics=topics,
+            **settings.debezium.model_dump(),
+        )
+    except (ValidationError, ValueError) as exc:
+        message = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
+        raise SettingsError("invalid settings:\n  " + message.removeprefix("Value error, ")) from None
 
 
 def load_bindings(path: Path) -> Bindings:

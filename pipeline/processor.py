@@ -34,6 +34,7 @@ from pipeline.observe.stats import WorkerStats
 from pipeline.outages import OUTAGES
 from pipeline.plan import BindError, commit_time_us, plan
 from schemas import Binding, Bindings, ChangeEvent, DdlEvent, DecodeError, decode
+from schemas.debezium import Skip
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,13 @@ class Prepared:
     cannot be computed without the row)."""
 
 
+Decoder = Callable[[str, bytes | None, bytes | None], ChangeEvent | DdlEvent | Skip]
+
+
+def _freshkey_decoder(topic: str, key: bytes | None, value: bytes | None) -> ChangeEvent | DdlEvent:
+    return decode(value if value is not None else b"")
+
+
 def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:1000]
 
@@ -86,6 +94,7 @@ class ChangeProcessor:
         stats: WorkerStats | None = None,
         models: ModelRegistry | None = None,
         policy: RetryPolicy | None = None,
+        decoder: Decoder | None = None,
     ) -> None:
         self.bindings = bindings
         self.tiers = list(tiers)
@@ -97,6 +106,9 @@ class ChangeProcessor:
         self.guards: dict[str, TierGuard] = {}
         self.on_outer_fenced: Callable[[CacheTier], Awaitable[None]] | None = None
         """Called once when an outer tier is fenced (mark it for readers, start its recovery)."""
+        self.decoder: Decoder = decoder or _freshkey_decoder
+        """Turns one message (topic, key, value) into an event, or a Skip (``schemas.debezium.decode_any``
+        for Debezium input); raises DecodeError for a message that is no valid event."""
         self.on_primary_back: Callable[[], Awaitable[None]] | None = None
         """Called when L2 answers again after an outage past the fence bound, before anything else is
         applied (fences every namespace there)."""
@@ -107,23 +119,31 @@ class ChangeProcessor:
             guard = self.guards[tier.name] = TierGuard(tier.name, self.policy)
         return guard
 
-    async def prepare(self, messages: Sequence[tuple[bytes | None, bytes | None]]) -> Prepared:
+    async def prepare(
+        self, messages: Sequence[tuple[bytes | None, bytes | None]], *, topics: Sequence[str] = ()
+    ) -> Prepared:
         """Decode, read the namespaces' model state, key and plan (see the class docstring).
 
-        A change of a semantic binding whose after image cannot be keyed is planned without that write
-        (its before image's key is still invalidated) and also rejected (stage ``semantic-key``).
+        ``topics``: the topic of each message (the decoder of Debezium input needs it). A message that
+        carries no change for the cache (a Debezium tombstone or heartbeat) is counted as ``skipped``. A
+        change of a semantic binding whose after image cannot be keyed is planned without that write (its
+        before image's key is still invalidated) and also rejected (stage ``semantic-key``).
         """
         bound: list[tuple[int, ChangeEvent, Binding]] = []
         prepared = Prepared([], [], [], {})
-        for index, (_key, value) in enumerate(messages):
+        for index, (key, value) in enumerate(messages):
             try:
-                event = decode(value if value is not None else b"")
+                decoded = self.decoder(topics[index] if topics else "", key, value)
             except DecodeError as exc:
                 prepared.rejects.append(Reject(index, "decode", exc.reason))
                 continue
             except Exception as exc:  # the decoder itself failed on this input: still bad input
                 prepared.rejects.append(Reject(index, "decode", describe(exc)))
                 continue
+            if isinstance(decoded, Skip):
+                self.observers.on_event("skipped")
+                continue
+            event = decoded
             if event.kind == "ddl":
                 self.observers.on_event("ddl")
                 log.info("DDL on %s: %s", event.source.db, event.query[:200])

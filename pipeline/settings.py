@@ -15,6 +15,11 @@ class WorkerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FRESHKEY_WORKER_", extra="ignore", frozen=True)
 
     app_id: str = Field("freshkey", description="Faust app id; also the Kafka consumer group.")
+    input: Literal["freshkey", "debezium"] = Field(
+        "freshkey",
+        description="What the worker reads: freshkey's change topic, or Debezium MySQL topics "
+        "(FRESHKEY_KAFKA_DEBEZIUM_TOPICS, FRESHKEY_DEBEZIUM_*; docs/debezium.md).",
+    )
     web_bind: str = "127.0.0.1"
     web_port: int = Field(6066, ge=1, le=65535)
     data_dir: Path = Path(".freshkey/worker")
@@ -115,3 +120,21 @@ class TelemetrySettings(BaseSettings):
     )
     trace_sample_every: int = Field(100, ge=0, description="Trace one cache action in N; 0: none.")
     consumer_lag_interval_s: float = Field(2.0, gt=0, description="How often consumer lag is sampled.")
+
+
+class DebeziumSettings(BaseSettings):
+    """Reading Debezium MySQL topics (``FRESHKEY_WORKER_INPUT=debezium``; docs/debezium.md). The
+    ``*_handling_mode`` settings repeat the Debezium connector's own: they decode messages without a
+    schema."""
+
+    model_config = SettingsConfigDict(env_prefix="FRESHKEY_DEBEZIUM_", extra="ignore", frozen=True)
+
+    version_source: Literal["binlog", "gtid"] = "binlog"
+    gtid_debezium_only: bool = False
+    schemaless: Literal["types", "as-is"] = "types"
+    decimal_handling_mode: Literal["precise", "double", "string"] = "precise"
+    binary_handling_mode: Literal["bytes", "base64", "base64-url-safe", "hex"] = "bytes"
+    time_precision_mode: Literal["adaptive_time_microseconds", "adaptive", "connect", "isostring"] = (
+        "adaptive_time_microseconds"
+    )
+    bigint_unsigned_handling_mode: Literal["long", "precise"] = "long"

@@ -145,3 +145,11 @@ def record_exists(
         raise _unavailable(settings, exc) from None
     finally:
         consumer.close()
+
+
+def topic_names(settings: KafkaSettings, *, timeout_s: float = 10.0) -> list[str]:
+    """The names of every topic on the cluster, sorted."""
+    try:
+        return sorted(_admin(settings).list_topics(timeout=timeout_s).topics)
+    except KafkaException as exc:
+        raise _unavailable(settings, exc) from None

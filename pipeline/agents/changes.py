@@ -35,9 +35,10 @@ def install(w: Worker) -> None:
         other exception escapes (the caller isolates the message that causes it)."""
         received_ms = time.time() * 1000
         messages = [(e.message.key, e.message.value) for e in events]
+        topics = [e.message.topic for e in events]
         async for attempt in retrying("preparing a batch"):
             with attempt:
-                prepared = await processor.prepare(messages)
+                prepared = await processor.prepare(messages, topics=topics)
         planned_ms = time.time() * 1000
         for namespace, reason in prepared.fences.items():
             await w.tiers.fence([by_namespace[namespace]], reason, cause="oversize")

@@ -1,12 +1,12 @@
 """The same row changes, once as freshkey's own events and once as Debezium events, cached alike.
 
 The real connector and worker (cache A) stream a table of every column type through updates, a primary
-key change and deletes. From the same binlog rows, :class:`tests.unit.test_debezium.DebeziumEncoder`
+key change and deletes. From the same binlog rows, :class:`tests.unit.schemas.test_debezium.DebeziumEncoder`
 writes the Debezium MySQL messages the documentation describes (``source.pos`` at the rows event's
 start, deletes followed by tombstones, a key change as delete + tombstone + create), which
-``schemas.debezium.decode_any`` decodes as the worker will once it reads Debezium topics
-(``FRESHKEY_WORKER_INPUT=debezium``; until then the test hands the decoded events to a second real worker
-on a topic of its own, cache B). Both caches must equal the database and each other entry by entry. Then
+``schemas.debezium.decode_any`` decodes (the first test hands the decoded events to a second real worker
+on a topic of its own, cache B; the last one runs a worker with ``FRESHKEY_WORKER_INPUT=debezium`` on the
+Debezium topic itself, cache C). Both caches must equal the database and each other entry by entry. Then
 mixed replays: a second batch of changes reaches B half as freshkey events and half as Debezium events,
 and each source's events are replayed into the other cache; every later change must win, so both
 caches still equal the database.
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -39,11 +40,19 @@ from pipeline.embedded import free_port, preexec_die_with_parent
 from schemas import ChangeEvent, decode, encode, message_key
 from schemas.debezium import DebeziumOptions, DebeziumTopics, Skip, decode_any
 from schemas.values import ColumnType, binlog_column_types, binlog_row_to_json
-from tests.unit.test_debezium import DebeziumEncoder
-
-from .conftest import Pipeline
-from .kafka_tools import create_topics, read_topic
-from .test_types import ROWS, _connection, _create, _matrix, _mismatches, _row_sql, _settings, _wait_equal
+from tests.integration.test_types import (
+    ROWS,
+    _connection,
+    _create,
+    _matrix,
+    _mismatches,
+    _row_sql,
+    _settings,
+    _wait_equal,
+)
+from tests.support.kafka import create_topics, read_topic
+from tests.support.pipeline import Pipeline
+from tests.unit.schemas.test_debezium import DebeziumEncoder
 
 pytestmark = pytest.mark.integration
 
@@ -74,20 +83,21 @@ class SecondWorker:
     """Another real ``freshkey worker`` process on the pipeline's services, with its own change topic,
     consumer group and key prefix."""
 
-    def __init__(self, p: Pipeline, workdir: Path) -> None:
+    def __init__(self, p: Pipeline, workdir: Path, *, name: str = "b", **extra_env: str) -> None:
         tag = uuid.uuid4().hex[:8]
-        self.topic = f"{p.change_topic}.b{tag}"
-        self.prefix = f"{p.prefix}b"
+        self.topic = f"{p.change_topic}.{name}{tag}"
+        self.prefix = f"{p.prefix}{name}"
         self.port = free_port()
-        self.log = workdir / "worker-b.log"
+        self.log = workdir / f"worker-{name}.log"
         self.env = {
             **p.env,
             "FRESHKEY_KAFKA_CHANGE_TOPIC": self.topic,
             "FRESHKEY_KAFKA_DEAD_LETTER_TOPIC": f"{p.dead_letter_topic}.b{tag}",
             "FRESHKEY_REDIS_KEY_PREFIX": self.prefix,
-            "FRESHKEY_WORKER_APP_ID": f"{p.env['FRESHKEY_WORKER_APP_ID']}-b",
-            "FRESHKEY_WORKER_DATA_DIR": str(workdir / "worker-b"),
+            "FRESHKEY_WORKER_APP_ID": f"{p.env['FRESHKEY_WORKER_APP_ID']}-{name}",
+            "FRESHKEY_WORKER_DATA_DIR": str(workdir / f"worker-{name}"),
             "FRESHKEY_WORKER_WEB_PORT": str(self.port),
+            **extra_env,
         }
         create_topics(p.kafka, {self.topic: 3})
         with self.log.open("wb") as out:
@@ -119,11 +129,11 @@ class SecondWorker:
 
 
 @pytest.fixture
-def second_worker(tmp_path: Path) -> Iterator[Callable[[Pipeline], SecondWorker]]:
+def second_worker(tmp_path: Path) -> Iterator[Callable[..., SecondWorker]]:
     started: list[SecondWorker] = []
 
-    def start(p: Pipeline) -> SecondWorker:
-        worker = SecondWorker(p, tmp_path)
+    def start(p: Pipeline, **kwargs: str) -> SecondWorker:
+        worker = SecondWorker(p, tmp_path, **kwargs)
         started.append(worker)
         return worker
 
@@ -297,7 +307,7 @@ def _outcome(url: str, name: str) -> int:
 
 
 def test_freshkey_and_debezium_events_of_the_same_changes_give_the_same_cache(
-    make_pipeline: Callable[..., Pipeline], second_worker: Callable[[Pipeline], SecondWorker]
+    make_pipeline: Callable[..., Pipeline], second_worker: Callable[..., SecondWorker]
 ) -> None:
     p = make_pipeline(value_columns=False)
     matrix = _matrix(p)
@@ -373,3 +383,41 @@ def test_freshkey_and_debezium_events_of_the_same_changes_give_the_same_cache(
         f"Debezium messages ({skipped + skipped_2} tombstones skipped), {entries} entries equal in both "
         f"caches ({tombstones} tombstones), 0 differences; after mixed replays still equal to the database"
     )
+
+
+def test_a_worker_reads_debezium_topics_directly(
+    make_pipeline: Callable[..., Pipeline], second_worker: Callable[..., SecondWorker]
+) -> None:
+    """``FRESHKEY_WORKER_INPUT=debezium``: a worker subscribed to Debezium's topic (by pattern) takes the
+    documented messages themselves, tombstones included, and builds the same cache as freshkey's own
+    connector and worker."""
+    p = make_pipeline(value_columns=False)
+    matrix = _matrix(p)
+    _create(p, matrix)
+    p.start("connector")
+    p.start("worker")
+    topic = f"{PREFIX}.{p.database}.assets"
+    create_topics(p.kafka, {topic: 3})
+    c = second_worker(
+        p,
+        name="c",
+        FRESHKEY_WORKER_INPUT="debezium",
+        FRESHKEY_KAFKA_DEBEZIUM_TOPICS="regex:" + re.escape(f"{PREFIX}.{p.database}.") + ".*",
+    )
+    start = p.master_position()
+    for row in range(ROWS):
+        p.sql(f"INSERT INTO {p.database}.assets VALUES ({row + 1}, {_row_sql(matrix, row)})")
+    p.sql(f"UPDATE {p.database}.assets SET id = 50 WHERE id = 5")
+    p.sql(f"DELETE FROM {p.database}.assets WHERE id IN (2, 3)")
+    deleted = {2, 3, 5}
+    _wait_equal(p, deleted)
+    messages = debezium_messages(p, start, DebeziumEncoder())
+    assert any(m.value is None for m in messages), "the deletes' tombstones are among them"
+    produce(p.kafka, topic, messages)
+    cache_c = Cache(c.prefix, p.namespace, p.redis_url)
+    _wait_cache(p, cache_c, deleted)
+    entries, tombstones = _same_caches(Cache(p.prefix, p.namespace, p.redis_url), cache_c)
+    assert (entries, tombstones) == (ROWS + 1, 3)  # every row once, the moved key twice; 3 tombstones
+    stats = fetch_stats(f"http://127.0.0.1:{c.port}/freshkey/stats") or {}
+    assert stats["events"].get("skipped", 0) == sum(m.value is None for m in messages)
+    assert stats["events"].get("dead_lettered", 0) == 0

@@ -91,8 +91,7 @@ from pipeline.verify.judge import Verification
 from pipeline.verify.run import run_verification
 from schemas import Binding, ChangeEvent, decode, parse_bindings
 from tests.conftest import MySQLService
-
-from .conftest import Pipeline
+from tests.support.pipeline import Pipeline
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

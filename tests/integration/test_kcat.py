@@ -23,8 +23,7 @@ import pytest
 from confluent_kafka import Producer
 
 from schemas import ChangeEvent, DeadLetter, decode, message_key
-
-from .conftest import Pipeline
+from tests.support.pipeline import Pipeline
 
 pytestmark = pytest.mark.integration
 

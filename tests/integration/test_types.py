@@ -33,8 +33,7 @@ from connectors.settings import MySQLSettings
 from schemas.codec import encode_value
 from schemas.values import binlog_column_types, binlog_row_to_json, row_to_json
 from tests.conftest import MySQLService
-
-from .conftest import Pipeline
+from tests.support.pipeline import Pipeline
 
 pytestmark = pytest.mark.integration
 
