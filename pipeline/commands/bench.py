@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from pipeline.bench.pipeline import Progress as BenchProgress
@@ -98,7 +99,7 @@ def keys(
     try:
         devices = _devices(device)
     except DeviceUnavailableError as exc:
-        console.print(f"[red]✗[/red] {exc}")
+        console.print(f"[red]✗[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
     weights = KeyHashWeights.generate(seed, {"text": dim}, shared_dim=shared_dim, key_bits=key_bits)
     report: dict[str, Any] = {
@@ -138,7 +139,7 @@ def keys(
         print_redis_cutover(report["redis_cutover"], console)
     if json_path is not None:
         json_path.write_text(json.dumps(report, indent=2) + "\n")
-        console.print(f"figures written to {json_path}")
+        console.print(f"figures written to {escape(str(json_path))}")
 
 
 def _devices(choice: str) -> list[torch.device]:
@@ -356,7 +357,7 @@ def pipeline_bench(
         config = BenchConfig.full(**overrides) if full else BenchConfig(**overrides)
         config.check()
     except ValueError as exc:
-        console.print(f"[red]✗[/red] {exc}")
+        console.print(f"[red]✗[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
 
     def interrupt(signum: int, frame: FrameType | None) -> None:
@@ -372,7 +373,7 @@ def pipeline_bench(
         console.print("[yellow]interrupted[/yellow]: everything the bench started has been stopped.")
         raise typer.Exit(130) from None
     except BenchError as exc:
-        console.print(f"[red]bench failed[/red]: {exc}")
+        console.print(f"[red]bench failed[/red]: {escape(str(exc))}")
         raise typer.Exit(1) from None
     report["summary"] = summarize(report)
     report["notes"] = list(NOTES)
@@ -381,7 +382,7 @@ def pipeline_bench(
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
-        console.print(f"figures written to {json_path}")
+        console.print(f"figures written to {escape(str(json_path))}")
 
 
 class _RichProgress(BenchProgress):

@@ -20,6 +20,7 @@ import typer
 import yaml
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 
 from connectors.exceptions import ConnectorError
 from connectors.settings import KafkaSettings
@@ -36,7 +37,7 @@ model_app = typer.Typer(
 
 
 def _fail(message: str) -> typer.Exit:
-    console.print(f"[red]✗[/red] {message}")
+    console.print(f"[red]✗[/red] {escape(message)}")
     return typer.Exit(2)
 
 
@@ -148,7 +149,7 @@ def publish(
         weights_ref=weights_ref,
     )
     for warning in warnings:
-        console.print(f"[yellow]![/yellow] {warning}")
+        console.print(f"[yellow]![/yellow] {escape(str(warning))}")
     try:
         ensure_topics(kafka, [kafka.model_update_topic])
     except ConnectorError as exc:
@@ -165,9 +166,9 @@ def publish(
     if remaining or not delivered:
         raise _fail(f"Kafka did not acknowledge the update within 30 s ({kafka.bootstrap})")
     console.print(
-        f"[green]✓[/green] published {update.model} {update.model_version} for "
-        f"{', '.join(update.namespaces)} (weights {update.weights_sha256[:12]}…) "
-        f"to {kafka.model_update_topic}"
+        f"[green]✓[/green] published {escape(update.model)} {escape(update.model_version)} for "
+        f"{escape(', '.join(update.namespaces))} (weights {update.weights_sha256[:12]}…) "
+        f"to {escape(kafka.model_update_topic)}"
     )
     if json_path is not None:
         json_path.write_bytes(value + b"\n")
@@ -202,7 +203,8 @@ def init_weights(
         digest = weights.save(out)
     except (WeightsError, OSError) as exc:
         raise _fail(str(exc)) from None
-    console.print(f"[green]✓[/green] {out}: {', '.join(f'{m}={weights.dim(m)}' for m in weights.modalities)}")
+    dims = ", ".join(f"{m}={weights.dim(m)}" for m in weights.modalities)
+    console.print(f"[green]✓[/green] {escape(str(out))}: {dims}")
     print(digest)
 
 
@@ -233,5 +235,6 @@ def sweep(
     scanned, deleted = asyncio.run(run())
     verb = "would delete" if dry_run else "deleted"
     console.print(
-        f"[green]✓[/green] {namespace}: scanned {scanned:,} keys, {verb} {deleted:,} old-signature entries"
+        f"[green]✓[/green] {escape(namespace)}: scanned {scanned:,} keys, {verb} {deleted:,} old-signature "
+        "entries"
     )

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import orjson
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from cache_writer.layout import latest_verification_key
@@ -100,7 +101,9 @@ def verify(
     # Lines below are soft-wrapped (never broken) so that they can be searched and copied.
     for r in result.reports:
         if r.unverifiable is None and (r.stale or r.in_flight):
-            console.print(f"  {r.namespace}/{r.tier}: stale vs in flight by {r.rule}", soft_wrap=True)
+            console.print(
+                f"  {r.namespace}/{r.tier}: stale vs in flight by {r.rule}", markup=False, soft_wrap=True
+            )
         for example in r.examples if r.unverifiable is None else []:
             console.print(
                 f"  {r.namespace}/{r.tier}: {example}", markup=False, highlight=False, soft_wrap=True
@@ -113,7 +116,9 @@ def verify(
         soft_wrap=True,
     )
     for r in result.unverifiable:
-        console.print(f"[yellow]UNVERIFIABLE[/] {r.namespace}: {r.unverifiable}", soft_wrap=True)
+        console.print(
+            f"[yellow]UNVERIFIABLE[/] {escape(r.namespace)}: {escape(str(r.unverifiable))}", soft_wrap=True
+        )
     if result.unverifiable or result.unverifiable_keys:
         console.print(
             f"[yellow]{len(result.unverifiable)} binding(s) and {result.unverifiable_keys} key(s) could not "
