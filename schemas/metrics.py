@@ -18,7 +18,6 @@ LAG = "freshkey.lag"
 STAGE_DURATION = "freshkey.stage.duration"
 EVENTS = "freshkey.events"
 CACHE_OUTCOMES = "freshkey.cache.outcomes"
-LEASES_VOIDED = "freshkey.leases.voided"
 CONSUMER_LAG = "freshkey.consumer.lag"
 CONSUMER_BACKLOG_AGE = "freshkey.consumer.backlog.age"
 CONSUMER_UNKNOWN_PARTITIONS = "freshkey.consumer.partitions.unknown"
@@ -60,7 +59,6 @@ _HISTOGRAMS = {
 _COUNTERS = {
     "freshkey_events",
     "freshkey_cache_outcomes",
-    "freshkey_leases_voided",
     "freshkey_sla_violations",
     "freshkey_connector_retries",
     "freshkey_connector_oversize",

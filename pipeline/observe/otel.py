@@ -55,7 +55,6 @@ from schemas.metrics import (
     CONSUMER_UNKNOWN_PARTITIONS,
     EVENTS,
     LAG_BUCKETS_MS,
-    LEASES_VOIDED,
     SCOPE,
     SLA_LAG_P99,
     SLA_VIOLATED,
@@ -190,11 +189,6 @@ class OtelObserver:
             unit="{action}",
             description="Cache actions per tier and outcome (applied, tombstoned, not_newer, fenced).",
         )
-        self.leases_voided = meter.create_counter(
-            LEASES_VOIDED,
-            unit="{lease}",
-            description="Fill leases voided by an invalidation or a newer write.",
-        )
         self.sla_violations = meter.create_counter(
             SLA_VIOLATIONS, unit="{violation}", description="SLA violations, by violated target."
         )
@@ -280,9 +274,6 @@ class OtelObserver:
                 if processed is not None:
                     lag[(topic, partition)] = max(0, high - processed - 1)
         return lag
-
-    def on_leases_voided(self, count: int = 1, *, namespace: str = "") -> None:
-        self.leases_voided.add(count, {ATTR_NAMESPACE: namespace})
 
     def watch_sla(self, state: Callable[[], SlaState | None]) -> None:
         """Report the SLA state returned by ``state`` on the ``freshkey.sla.*`` gauges."""

@@ -75,7 +75,6 @@ def test_instruments_and_their_attributes() -> None:
             stages={STAGE_TRANSPORT: np.array([3.0, 4.0]), STAGE_PLAN: Repeated(0.2, 2)},
         )
     )
-    otel.on_leases_voided(2, namespace="assets")
     otel.on_offset("changes", 0, 9)
     otel.on_offset("changes", 1, 4)
     otel.set_high_watermarks("changes", {0: 15, 1: 5, 2: 7})  # partition 2: nothing processed yet
@@ -102,9 +101,6 @@ def test_instruments_and_their_attributes() -> None:
     assert series["freshkey_lag_milliseconds_sum"][coarse] == 0.0, "a negative lag (clock skew) sums as 0"
     stage_sums = {dict(k)["stage"]: v for k, v in series["freshkey_stage_duration_milliseconds_sum"].items()}
     assert stage_sums == {STAGE_TRANSPORT: 7.0, STAGE_PLAN: pytest.approx(0.4)}
-    assert [(dict(p.attributes), p.value) for p in found["freshkey.leases.voided"]] == [
-        ({"namespace": "assets"}, 2)
-    ]
 
     consumer_lag = {
         (
@@ -160,8 +156,6 @@ def test_no_opentelemetry_call_per_batch_the_counters_are_read_at_collection() -
         otel.on_batch(report)
     otel.on_event("ddl")
     assert meter.calls == [], "no instrument is called per batch or event"
-    otel.on_leases_voided()
-    assert meter.calls == ["freshkey.leases.voided"], "(the wrapper does see synchronous calls)"
     found = points(reader)
     events = {p.attributes["kind"]: p.value for p in found["freshkey.events"]}
     assert events == {"u": 1500, "change_applied": 1500, "ddl": 1}
@@ -263,7 +257,6 @@ def test_prometheus_endpoint_serves_the_listed_names() -> None:
                 stages={STAGE_PLAN: Repeated(0.3, 1)},
             )
         )
-        otel.on_leases_voided()
         observers.on_offset("changes", 0, 1)
         otel.set_high_watermarks("changes", {0: 4})
         progress = ConsumerProgress("changes", partitions=2)
