@@ -16,13 +16,12 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib import resources
 
 import redis
 from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
-WRITE_SCRIPT = "write_if_newer.lua"
+from cache_writer.redis import scripts
 
 
 @dataclass(frozen=True)
@@ -79,8 +78,8 @@ def raw_decode(
 
 
 def write_script() -> bytes:
-    """The worker's write script, as installed with cache_writer."""
-    return (resources.files("cache_writer") / "lua" / WRITE_SCRIPT).read_bytes()
+    """The worker's write script, as the tier loads it (with the shared prelude)."""
+    return scripts.WRITE.text.encode()
 
 
 def raw_redis_cas(
