@@ -26,25 +26,15 @@ resident memory should not carry a library it does not use.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import statistics
-import struct
-import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from pipeline.bench.pipeline import Progress as BenchProgress
-
-if TYPE_CHECKING:
-    import torch
-
-    from cache_writer.semantic import SemanticKeyer
 
 console = Console()
 
@@ -91,13 +81,14 @@ def keys(
 
     from cache_writer.semantic import KeyHashWeights, SemanticKeyer
     from cache_writer.semantic.exceptions import DeviceUnavailableError
+    from pipeline.bench import keys as bench_keys
 
     sizes = batch_sizes or [1, 16, 256, 4096]
     if key_bits not in (64, 128) or min(sizes) < 1 or repeats < 1 or cutover_batch < 1:
         console.print("[red]✗[/red] key bits must be 64 or 128; sizes and repeats positive")
         raise typer.Exit(2)
     try:
-        devices = _devices(device)
+        devices = bench_keys.devices(device)
     except DeviceUnavailableError as exc:
         console.print(f"[red]✗[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
@@ -116,10 +107,10 @@ def keys(
         keyer = SemanticKeyer(weights, dev)
         keyer.keys("text", torch.randn(max(sizes), dim))  # warm-up: fused matrix, kernels, allocator
         for size in sizes:
-            report["throughput"].append(_throughput(keyer, size, dim, repeats, keys_per_run, seed))
+            report["throughput"].append(bench_keys.throughput(keyer, size, dim, repeats, keys_per_run, seed))
         for label, entries in (("cutover", cutover_entries), ("prewarm", prewarm_entries)):
             if entries > 0:
-                report["cutover"].append(_rekey(keyer, label, entries, cutover_batch, dim, seed))
+                report["cutover"].append(bench_keys.rekey(keyer, label, entries, cutover_batch, dim, seed))
     if redis_entries > 0:
         from pipeline.bench.cutover import print_redis_cutover, redis_cutover
 
@@ -134,129 +125,12 @@ def keys(
             redis_url=redis_url,
             progress=console,
         )
-    _print(report)
+    bench_keys.render(report, console)
     if "redis_cutover" in report:
         print_redis_cutover(report["redis_cutover"], console)
     if json_path is not None:
         json_path.write_text(json.dumps(report, indent=2) + "\n")
         console.print(f"figures written to {escape(str(json_path))}")
-
-
-def _devices(choice: str) -> list[torch.device]:
-    import torch
-
-    from cache_writer.semantic.keys import resolve_device
-
-    if choice.strip().lower() == "auto":
-        return [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
-    return [resolve_device(choice)]
-
-
-def _sync(device: torch.device) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _throughput(
-    keyer: SemanticKeyer, size: int, dim: int, repeats: int, keys_per_run: int, seed: int
-) -> dict[str, Any]:
-    import torch
-
-    generator = torch.Generator().manual_seed(seed + size)
-    batch = torch.randn(size, dim, generator=generator)
-    calls = max(1, -(-keys_per_run // size))
-    seconds: list[float] = []
-    for _ in range(repeats):
-        _sync(keyer.device)
-        start = time.perf_counter()
-        for _ in range(calls):
-            keyer.keys("text", batch)  # returns Python ints: the device work is finished
-        seconds.append(time.perf_counter() - start)
-    median = statistics.median(seconds)
-    return {
-        "device": keyer.device.type,
-        "batch_size": size,
-        "calls_per_run": calls,
-        "repeats": repeats,
-        "median_keys_per_s": size * calls / median,
-        "median_ms_per_batch": median / calls * 1000,
-    }
-
-
-def _rekey(
-    keyer: SemanticKeyer, label: str, entries: int, batch_size: int, dim: int, seed: int
-) -> dict[str, Any]:
-    import torch
-
-    from cache_writer.semantic.keys import key_words
-
-    generator = torch.Generator().manual_seed(seed + 1)
-    digest = hashlib.sha256()
-    keyed = 0
-    seconds = 0.0
-    words = keyer.key_bits // 64
-    wall_start = time.perf_counter()
-    while keyed < entries:
-        n = min(batch_size, entries - keyed)
-        batch = torch.randn(n, dim, generator=generator)
-        start = time.perf_counter()
-        keys = keyer.keys("text", batch)
-        seconds += time.perf_counter() - start
-        digest.update(
-            struct.pack(
-                f"<{n * words}Q", *(key_word for key in keys for key_word in key_words(key, keyer.key_bits))
-            )
-        )
-        keyed += len(keys)
-    return {
-        "device": keyer.device.type,
-        "what": label,
-        "entries": keyed,
-        "batch_size": batch_size,
-        "seconds": seconds,
-        "wall_seconds": time.perf_counter() - wall_start,
-        "keys_per_s": keyed / seconds if seconds else float("inf"),
-        "keys_sha256": digest.hexdigest(),
-    }
-
-
-def _print(report: dict[str, Any]) -> None:
-    title = (
-        f"semantic keys: dim {report['dim']} -> {report['shared_dim']} -> {report['key_bits']} bits, "
-        f"torch {report['torch']}, {report['cpu_threads']} CPU threads"
-    )
-    table = Table(title=title)
-    for column in ("device", "batch", "keys/s (median)", "ms/batch (median)", "runs x calls"):
-        table.add_column(column, justify="right")
-    for row in report["throughput"]:
-        table.add_row(
-            row["device"],
-            f"{row['batch_size']:,}",
-            f"{row['median_keys_per_s']:,.0f}",
-            f"{row['median_ms_per_batch']:.3f}",
-            f"{row['repeats']} x {row['calls_per_run']}",
-        )
-    console.print(table)
-    batches = sorted({row["batch_size"] for row in report["cutover"]})
-    rekey = Table(
-        title=f"rekeying in batches of {', '.join(f'{b:,}' for b in batches)}: every key computed "
-        "(keying s: keys only; wall s: with generating the embeddings)"
-    )
-    for column in ("device", "what", "entries", "keying s", "keys/s", "wall s", "keys sha256"):
-        rekey.add_column(column, justify="right")
-    for row in report["cutover"]:
-        rekey.add_row(
-            row["device"],
-            row["what"],
-            f"{row['entries']:,}",
-            f"{row['seconds']:.2f}",
-            f"{row['keys_per_s']:,.0f}",
-            f"{row['wall_seconds']:.2f}",
-            row["keys_sha256"][:12],
-        )
-    console.print(rekey)
 
 
 @bench_app.command("pipeline")
