@@ -7,7 +7,8 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.embedded.process import HOST, LocalService, MissingBinaryError, tcp_open
+from pipeline.embedded.process import HOST, LocalService, MissingBinaryError, free_port, tcp_open
+from pipeline.embedded.tls import TlsFiles, TlsFront
 
 if TYPE_CHECKING:
     pass
@@ -44,18 +45,40 @@ class LocalKafka(LocalService):
     """A private Tansu broker speaking the Kafka protocol, memory storage only (a restart loses topics).
 
     ``start()`` returns once a Kafka metadata request (librdkafka ``list_topics``) is answered.
+
+    ``tls``: clients reach the broker through TLS only (:attr:`client_config` says how). Tansu 0.6.0
+    cannot serve TLS itself (see :mod:`pipeline.embedded.tls`): the broker then listens on a second,
+    internal port and advertises :attr:`port`, where a :class:`~pipeline.embedded.tls.TlsFront` with
+    ``tls``'s certificate forwards to it.
     """
 
     _kind = "kafka"
     _quick_grace = 1.0
 
     def __init__(
-        self, workdir: Path | None = None, port: int | None = None, start_timeout: float = 15.0
+        self,
+        workdir: Path | None = None,
+        port: int | None = None,
+        start_timeout: float = 15.0,
+        *,
+        tls: TlsFiles | None = None,
     ) -> None:
         super().__init__(workdir, port)
         self._start_timeout = start_timeout
         self._binary = ""
         self._cluster_id = f"freshkey-{uuid.uuid4().hex[:12]}"
+        self.tls = tls
+        self._front: TlsFront | None = None
+        self._internal_port: int | None = None
+
+    @property
+    def client_config(self) -> dict[str, str]:
+        """librdkafka settings that reach this broker (``bootstrap.servers``, and TLS with its CA)."""
+        config = {"bootstrap.servers": self.bootstrap}
+        if self.tls is not None:
+            config["security.protocol"] = "ssl"
+            config["ssl.ca.location"] = str(self.tls.ca)
+        return config
 
     @property
     def cluster_id(self) -> str:
@@ -75,12 +98,22 @@ class LocalKafka(LocalService):
         loses nothing.
         """
         super().stop(timeout)
+        if self._front is not None:
+            self._front.stop()
+            self._front = None
 
     def _resolve_binaries(self) -> None:
         self._binary = _tansu_binary()
 
     def _launch(self) -> None:
-        url = f"tcp://{HOST}:{self.port}"
+        url = advertised = f"tcp://{HOST}:{self.port}"
+        if self.tls is not None:
+            if self._front is None or self._front.port != self.port:  # a new port after a failed start
+                if self._front is not None:
+                    self._front.stop()
+                self._internal_port = free_port()
+                self._front = TlsFront(self._internal_port, self.tls, port=self.port).start()
+            url = f"tcp://{HOST}:{self._internal_port}"
         env = {k: v for k, v in os.environ.items() if k not in _TANSU_ENV}
         env["NO_COLOR"] = "1"  # plain text in kafka.out (Tansu colours its log lines otherwise)
         self._spawn(
@@ -92,7 +125,7 @@ class LocalKafka(LocalService):
                 "--listener-url",
                 url,
                 "--advertised-listener-url",
-                url,
+                advertised,
                 "--storage-engine",
                 "memory://tansu/",
             ],
@@ -104,7 +137,8 @@ class LocalKafka(LocalService):
     def _metadata(self) -> bool:
         from confluent_kafka.admin import AdminClient
 
-        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        # Readiness only: the certificate's names are the test's business (it may be for another host).
+        admin = AdminClient({**self.client_config, "ssl.endpoint.identification.algorithm": "none"})
         metadata = admin.list_topics(timeout=5)
         # The cluster id tells this broker from another one that took the port.
         return metadata.cluster_id == self._cluster_id and bool(metadata.brokers)

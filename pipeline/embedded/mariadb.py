@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.embedded.process import HOST, LocalService, ServiceStartError, find_binary, log_tail
+from pipeline.embedded.tls import TlsFiles
 
 if TYPE_CHECKING:
     from pymysql.connections import Connection as _Conn
@@ -31,6 +32,10 @@ class LocalMariaDB(LocalService):
     (freshkey/freshkey) hold only ``SELECT, REPLICATION SLAVE, BINLOG MONITOR`` on ``*.*``, which is what
     ``SHOW MASTER STATUS`` and a binlog dump need on MariaDB 10.5+. ``start()`` checks that the
     ``freshkey`` account can read the binlog position before it returns.
+
+    ``tls``: the server offers TLS with that certificate (``ssl_cert``/``ssl_key``/``ssl_ca``) and the
+    ``freshkey`` account is created ``REQUIRE SSL`` (a plain connection as it is refused); the admin
+    account may still connect without TLS, for the tests' own setup.
     """
 
     _kind = "mariadb"
@@ -40,10 +45,16 @@ class LocalMariaDB(LocalService):
     password = "freshkey"
 
     def __init__(
-        self, workdir: Path | None = None, port: int | None = None, start_timeout: float = 30.0
+        self,
+        workdir: Path | None = None,
+        port: int | None = None,
+        start_timeout: float = 30.0,
+        *,
+        tls: TlsFiles | None = None,
     ) -> None:
         super().__init__(workdir, port)
         self._start_timeout = start_timeout
+        self.tls = tls
         self._mariadbd = ""
         self._install_db = ""
 
@@ -112,6 +123,7 @@ class LocalMariaDB(LocalService):
                 f"--log-error={wd / 'mariadb.err'}",
                 "--skip-name-resolve",
                 *_MARIADB_SPEED,
+                *self._tls_args(),
             ]
         )
         self._wait_until(self._admin_ping, self._start_timeout, "accept a connection")
@@ -135,6 +147,8 @@ class LocalMariaDB(LocalService):
                     account = f"'{self.user}'@'{host}'"
                     cur.execute(f"CREATE USER IF NOT EXISTS {account} IDENTIFIED BY %s", (self.password,))
                     cur.execute(f"GRANT {_CONNECTOR_GRANTS} ON *.* TO {account}")
+                    if self.tls is not None:
+                        cur.execute(f"ALTER USER {account} REQUIRE SSL")
         finally:
             conn.close()
         conn = self.connect(admin=False)
@@ -157,6 +171,9 @@ class LocalMariaDB(LocalService):
         """
         import pymysql
 
+        tls: dict[str, object] = {}
+        if self.tls is not None and not admin:  # the account is REQUIRE SSL
+            tls = {"ssl_ca": str(self.tls.ca), "ssl_verify_cert": True}
         return pymysql.connect(
             host=HOST,
             port=self.port,
@@ -165,7 +182,13 @@ class LocalMariaDB(LocalService):
             database=database,
             connect_timeout=connect_timeout,
             autocommit=True,
+            **tls,
         )
+
+    def _tls_args(self) -> list[str]:
+        if self.tls is None:
+            return []
+        return [f"--ssl-cert={self.tls.cert}", f"--ssl-key={self.tls.key}", f"--ssl-ca={self.tls.ca}"]
 
     def halt(self, timeout: float = 20.0) -> None:
         """Stop the server process (SIGTERM, a clean shutdown) but keep its data directory, accounts and
