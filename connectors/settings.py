@@ -8,18 +8,38 @@ case (``FRESHKEY_MYSQL_HOST``...), or from the config file the command line is g
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas.codec import DEAD_LETTER_OVERHEAD_BYTES, dead_letter_size_bound
+
+MySQLSslMode = Literal["auto", "disabled", "preferred", "required", "verify-ca", "verify-identity"]
+KafkaSecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+KafkaSaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+
+
+def _readable(setting: str, path: Path | None) -> None:
+    """ValueError naming ``setting`` when ``path`` is given but cannot be read (a typo, a missing mount)."""
+    if path is None:
+        return
+    try:
+        with path.open("rb"):
+            pass
+    except OSError as exc:
+        raise ValueError(f"{setting}={path}: {exc.strerror or exc}; set it to a readable PEM file") from None
 
 
 class MySQLSettings(BaseSettings):
     """Where the source database is and how the connector identifies itself as a replica."""
 
-    model_config = SettingsConfigDict(env_prefix="FRESHKEY_MYSQL_", extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(
+        env_prefix="FRESHKEY_MYSQL_",
+        extra="ignore",
+        frozen=True,
+        hide_input_in_errors=True,  # secrets
+    )
 
     host: str = "127.0.0.1"
     port: int = Field(3306, ge=1, le=65535)
@@ -29,24 +49,127 @@ class MySQLSettings(BaseSettings):
         4242, ge=1, le=2**32 - 1, description="Replica server id the binlog reader registers with; unique."
     )
     connect_timeout_s: float = Field(10.0, gt=0)
+    ssl_mode: MySQLSslMode = Field(
+        "auto",
+        description="TLS to the server: disabled; preferred (TLS when the server offers it, nothing "
+        "verified: pymysql's default); required (TLS, certificate not checked); verify-ca (TLS, "
+        "certificate signed by FRESHKEY_MYSQL_SSL_CA); verify-identity (verify-ca and the certificate "
+        "names FRESHKEY_MYSQL_HOST). auto: verify-identity when FRESHKEY_MYSQL_SSL_CA or _SSL_CERT is "
+        "set, else preferred. Upper case and underscores (VERIFY_IDENTITY) are accepted.",
+    )
+    ssl_ca: Path | None = Field(
+        None, description="CA certificate (PEM) the server's certificate must be signed by."
+    )
+    ssl_cert: Path | None = Field(
+        None,
+        description="Client certificate (PEM), for accounts that REQUIRE X509; with FRESHKEY_MYSQL_SSL_KEY.",
+    )
+    ssl_key: Path | None = Field(None, description="Private key (PEM) of FRESHKEY_MYSQL_SSL_CERT.")
+
+    @field_validator("ssl_mode", mode="before")
+    @classmethod
+    def _ssl_mode_spelling(cls, value: object) -> object:
+        return value.strip().lower().replace("_", "-") if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _tls_consistent(self) -> MySQLSettings:
+        if (self.ssl_cert is None) != (self.ssl_key is None):
+            raise ValueError(
+                "FRESHKEY_MYSQL_SSL_CERT and FRESHKEY_MYSQL_SSL_KEY go together: set both or neither"
+            )
+        if self.ssl_mode == "disabled" and (self.ssl_ca or self.ssl_cert):
+            raise ValueError(
+                "FRESHKEY_MYSQL_SSL_MODE=disabled but FRESHKEY_MYSQL_SSL_CA/_SSL_CERT are set: remove them, "
+                "or choose a mode that uses TLS (verify-identity)"
+            )
+        for setting, path in (
+            ("FRESHKEY_MYSQL_SSL_CA", self.ssl_ca),
+            ("FRESHKEY_MYSQL_SSL_CERT", self.ssl_cert),
+            ("FRESHKEY_MYSQL_SSL_KEY", self.ssl_key),
+        ):
+            _readable(setting, path)
+        return self
+
+    @property
+    def effective_ssl_mode(self) -> MySQLSslMode:
+        """The TLS mode in force: ``auto`` resolved (verify-identity when a CA or client certificate is
+        configured, preferred otherwise)."""
+        if self.ssl_mode != "auto":
+            return self.ssl_mode
+        return "verify-identity" if self.ssl_ca or self.ssl_cert else "preferred"
+
+    def ssl_kwargs(self) -> dict[str, Any]:
+        """The TLS part of :meth:`connection_kwargs` (pymysql's ``ssl``/``ssl_disabled``): empty in
+        ``preferred`` mode (pymysql's own default), a verifying context in the verify modes, whose
+        certificate failures raise :class:`~connectors.tls.TlsVerificationError` naming the setting."""
+        from connectors.tls import MySQLClientContext, client_context
+
+        mode = self.effective_ssl_mode
+        if mode == "preferred":
+            return {}
+        if mode == "disabled":
+            return {"ssl_disabled": True}
+        context = client_context(
+            cafile=self.ssl_ca,
+            certfile=self.ssl_cert,
+            keyfile=self.ssl_key,
+            verify=mode != "required",
+            check_hostname=mode == "verify-identity",
+            context_class=MySQLClientContext,
+        )
+        assert isinstance(context, MySQLClientContext)
+        context.describe = {"where": f"{self.host}:{self.port}", "cafile": self.ssl_ca}
+        return {"ssl": context}
 
     def connection_kwargs(self) -> dict[str, object]:
-        """Keyword arguments for ``pymysql.connect`` (and the binlog reader's connection settings)."""
+        """Keyword arguments for ``pymysql.connect`` (and the binlog reader's connection settings),
+        TLS included (:meth:`ssl_kwargs`)."""
         return {
             "host": self.host,
             "port": self.port,
             "user": self.user,
             "password": self.password.get_secret_value(),
             "connect_timeout": int(self.connect_timeout_s),
+            **self.ssl_kwargs(),
         }
 
 
 class KafkaSettings(BaseSettings):
     """The Kafka cluster and the topics freshkey creates on it (explicitly, never auto-created)."""
 
-    model_config = SettingsConfigDict(env_prefix="FRESHKEY_KAFKA_", extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(
+        env_prefix="FRESHKEY_KAFKA_",
+        extra="ignore",
+        frozen=True,
+        hide_input_in_errors=True,  # secrets
+    )
 
     bootstrap: str = "127.0.0.1:9092"
+    security_protocol: KafkaSecurityProtocol = Field(
+        "PLAINTEXT",
+        description="PLAINTEXT, SSL (TLS), SASL_PLAINTEXT (a password over plain TCP: trusted networks only) "
+        "or SASL_SSL. Every Kafka client of freshkey takes it (connectors/kafka/security.py).",
+    )
+    sasl_mechanism: KafkaSaslMechanism | None = Field(
+        None, description="With SASL_*: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512."
+    )
+    sasl_username: str | None = Field(None, description="With SASL_*: the user.")
+    sasl_password: SecretStr | None = Field(None, description="With SASL_*: its password (never printed).")
+    ssl_cafile: Path | None = Field(
+        None, description="With SSL/SASL_SSL: CA certificate (PEM) of the brokers; the system's CAs if unset."
+    )
+    ssl_certfile: Path | None = Field(
+        None, description="With SSL/SASL_SSL: client certificate (PEM), for brokers that ask for one."
+    )
+    ssl_keyfile: Path | None = Field(None, description="Private key (PEM) of FRESHKEY_KAFKA_SSL_CERTFILE.")
+    ssl_key_password: SecretStr | None = Field(
+        None, description="Password of an encrypted FRESHKEY_KAFKA_SSL_KEYFILE (never printed)."
+    )
+    ssl_check_hostname: bool = Field(
+        True,
+        description="Check that each broker's certificate names the host freshkey connects to. Turn off "
+        "only for certificates without the advertised names (the CA is still checked).",
+    )
     change_topic: str = "freshkey.changes"
     dead_letter_topic: str = "freshkey.dead-letters"
     model_update_topic: str = Field(
@@ -84,6 +207,51 @@ class KafkaSettings(BaseSettings):
         description="Dead letters carry at most this many bytes of the original message (its size and "
         "SHA-256 always); base64 makes them 4/3 larger, and the whole must fit max_message_bytes.",
     )
+
+    @field_validator("security_protocol", mode="before")
+    @classmethod
+    def _protocol_spelling(cls, value: object) -> object:
+        return value.strip().upper().replace("-", "_") if isinstance(value, str) else value
+
+    @field_validator("sasl_mechanism", mode="before")
+    @classmethod
+    def _mechanism_spelling(cls, value: object) -> object:
+        if isinstance(value, str):
+            return value.strip().upper().replace("_", "-") or None
+        return value
+
+    @model_validator(mode="after")
+    def _security_consistent(self) -> KafkaSettings:
+        protocol = f"FRESHKEY_KAFKA_SECURITY_PROTOCOL={self.security_protocol}"
+        sasl = self.security_protocol.startswith("SASL_")
+        tls = self.security_protocol.endswith("SSL")
+        if sasl and (self.sasl_mechanism is None or not self.sasl_username or self.sasl_password is None):
+            raise ValueError(
+                f"{protocol} needs FRESHKEY_KAFKA_SASL_MECHANISM (PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512), "
+                "FRESHKEY_KAFKA_SASL_USERNAME and FRESHKEY_KAFKA_SASL_PASSWORD"
+            )
+        if not sasl and (self.sasl_mechanism or self.sasl_username or self.sasl_password is not None):
+            raise ValueError(
+                f"FRESHKEY_KAFKA_SASL_* are set but {protocol} does not use them: set "
+                "FRESHKEY_KAFKA_SECURITY_PROTOCOL=SASL_SSL (or SASL_PLAINTEXT), or remove them"
+            )
+        files = {
+            "FRESHKEY_KAFKA_SSL_CAFILE": self.ssl_cafile,
+            "FRESHKEY_KAFKA_SSL_CERTFILE": self.ssl_certfile,
+            "FRESHKEY_KAFKA_SSL_KEYFILE": self.ssl_keyfile,
+        }
+        if not tls and any(path is not None for path in files.values()):
+            raise ValueError(
+                f"FRESHKEY_KAFKA_SSL_* files are set but {protocol} does not use TLS: set "
+                "FRESHKEY_KAFKA_SECURITY_PROTOCOL=SSL (or SASL_SSL), or remove them"
+            )
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            raise ValueError(
+                "FRESHKEY_KAFKA_SSL_CERTFILE and FRESHKEY_KAFKA_SSL_KEYFILE go together: set both or neither"
+            )
+        for setting, path in files.items():
+            _readable(setting, path)
+        return self
 
     @model_validator(mode="after")
     def _limits_fit(self) -> KafkaSettings:

@@ -33,6 +33,7 @@ from connectors.exceptions import (
     kafka_error_code,
 )
 from connectors.kafka.librdkafka import LIBRDKAFKA_LOGGER
+from connectors.kafka.security import librdkafka_config
 from connectors.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -99,7 +100,7 @@ class ChangeProducer:
         self.limit = limit if limit is not None else MessageLimit(settings.max_message_bytes)
         self._producer = Producer(
             {
-                "bootstrap.servers": settings.bootstrap,
+                **librdkafka_config(settings),
                 "enable.idempotence": True,
                 "acks": "all",
                 "linger.ms": linger_ms,

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec  # type: ignore[attr-defined]
 
-from connectors.exceptions import ConfigurationError, KafkaUnavailableError, retry_cause
+from connectors.exceptions import ConfigurationError, ConnectorError, KafkaUnavailableError, retry_cause
 from connectors.kafka.librdkafka import LIBRDKAFKA_LOGGER
+from connectors.kafka.security import SecurityErrors, librdkafka_config
 from connectors.settings import KafkaSettings
 
 
@@ -26,12 +27,20 @@ class TopicsReport:
     created: list[str]
 
 
-def _admin(settings: KafkaSettings) -> AdminClient:
-    config = {"bootstrap.servers": settings.bootstrap, "logger": LIBRDKAFKA_LOGGER}
-    return AdminClient(config)  # type: ignore[arg-type]
+def _admin(settings: KafkaSettings) -> tuple[AdminClient, SecurityErrors]:
+    """An admin client as configured (security included), and what it reports of a certificate or login
+    failure (:func:`_unavailable` raises that instead of "does not answer")."""
+    errors = SecurityErrors(settings)
+    config = {**librdkafka_config(settings), "logger": LIBRDKAFKA_LOGGER, "error_cb": errors}
+    admin = errors.client = AdminClient(config)
+    return admin, errors
 
 
-def _unavailable(settings: KafkaSettings, exc: KafkaException) -> KafkaUnavailableError:
+def _unavailable(
+    settings: KafkaSettings, exc: KafkaException, errors: SecurityErrors | None = None
+) -> ConnectorError:
+    if errors is not None and errors.failure is not None:
+        return errors.failure  # a certificate or a login that waiting does not fix
     return KafkaUnavailableError(
         f"Kafka at {settings.bootstrap} does not answer ({exc.args[0] if exc.args else exc}); "
         "check FRESHKEY_KAFKA_BOOTSTRAP if this lasts"
@@ -46,12 +55,12 @@ def prepare_topics(
     An existing change topic with a different partition count than configured is a ConfigurationError:
     the key -> partition mapping would silently change under a running pipeline.
     """
-    admin = _admin(settings)
+    admin, errors = _admin(settings)
     wanted = [settings.change_topic, settings.dead_letter_topic, *extra]
     try:
         existing = admin.list_topics(timeout=timeout_s).topics
     except KafkaException as exc:
-        raise _unavailable(settings, exc) from None
+        raise _unavailable(settings, exc, errors) from None
     missing = [t for t in wanted if t not in existing]
     created: list[str] = []
     if missing:
@@ -98,7 +107,7 @@ def end_offsets(
     settings: KafkaSettings, topic: str, partitions: int, *, timeout_s: float = 10.0
 ) -> dict[int, int]:
     """Partition -> offset of the next message to be written (the high watermark), from the broker."""
-    admin = _admin(settings)
+    admin, _ = _admin(settings)
     latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
     futures = admin.list_offsets(
         {TopicPartition(topic, p): latest for p in range(partitions)}, request_timeout=timeout_s
@@ -125,7 +134,7 @@ def record_exists(
     end (Tansu: the last batch's base offset + 1), so a short end offset alone does not prove a loss."""
     consumer = Consumer(
         {
-            "bootstrap.servers": settings.bootstrap,
+            **librdkafka_config(settings),
             "group.id": "freshkey-connector-probe",
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
@@ -149,7 +158,8 @@ def record_exists(
 
 def topic_names(settings: KafkaSettings, *, timeout_s: float = 10.0) -> list[str]:
     """The names of every topic on the cluster, sorted."""
+    admin, errors = _admin(settings)
     try:
-        return sorted(_admin(settings).list_topics(timeout=timeout_s).topics)
+        return sorted(admin.list_topics(timeout=timeout_s).topics)
     except KafkaException as exc:
-        raise _unavailable(settings, exc) from None
+        raise _unavailable(settings, exc, errors) from None
