@@ -30,6 +30,7 @@ from cache_writer.layout import invalidation_channel, is_signature_key, prefix_p
 from cache_writer.redis import scripts
 from cache_writer.redis.pipeline import RedirectStats, RedisClient, run_pipeline
 from cache_writer.redis.replies import as_bytes
+from cache_writer.redis.security import client_kwargs, l3_client_kwargs
 from cache_writer.settings import L3Settings, RedisSettings
 from cache_writer.signatures import (
     NamespaceSignatures,
@@ -46,16 +47,17 @@ from cache_writer.tier import ActionResult, CacheAction, Outcome
 
 
 def connect(settings: RedisSettings) -> RedisClient:
-    """An asyncio client for the configured Redis (the password comes from settings, never the log).
+    """An asyncio client for the configured Redis: the ACL user from the URL, the password from settings
+    (never the log), TLS for ``rediss://`` (:mod:`cache_writer.redis.security`).
 
     With ``settings.cluster`` the URL names one node of a Redis Cluster (a seed) and the client is a
-    ``RedisCluster`` that discovers the others; the URL's database must then be 0 (or absent).
+    ``RedisCluster`` that discovers the others (with the same user and TLS); the URL's database must then
+    be 0 (or absent).
     """
-    password = settings.password.get_secret_value() if settings.password else None
-    options = client_options(settings.socket_timeout_s)
+    options = {**client_options(settings.socket_timeout_s), **client_kwargs(settings)}
     if settings.cluster:
-        return aioredis.RedisCluster.from_url(settings.url, password=password, **options)
-    return aioredis.Redis.from_url(settings.url, password=password, **options)
+        return aioredis.RedisCluster.from_url(settings.url, **options)
+    return aioredis.Redis.from_url(settings.url, **options)
 
 
 def client_options(socket_timeout_s: float) -> dict[str, Any]:
@@ -108,9 +110,9 @@ class RedisTier:
         """L3 as configured (``FRESHKEY_REDIS_L3_*``), None when it is not; tombstones live as in L2."""
         if not l3.url:
             return None
-        password = l3.password.get_secret_value() if l3.password else None
+        options = {**client_options(settings.socket_timeout_s), **l3_client_kwargs(l3)}
         return cls(
-            aioredis.Redis.from_url(l3.url, password=password, **client_options(settings.socket_timeout_s)),
+            aioredis.Redis.from_url(l3.url, **options),
             tombstone_ttl_ms=settings.tombstone_ttl_s * 1000,
             entry_ttl_ms=l3.entry_ttl_s * 1000 if l3.entry_ttl_s else None,
             name="redis-l3",
