@@ -321,6 +321,38 @@ class ConnectorSettings(BaseSettings):
         "counts as lost; the session ends and a new one resumes from the checkpoint.",
     )
 
+    signal_table: str = Field(
+        "freshkey.signal",
+        pattern=r"^[A-Za-z0-9_$]{1,64}\.[A-Za-z0-9_$]{1,64}$",
+        description="db.table of the signalling table: snapshot requests, watermarks and progress "
+        "(connectors/snapshot). Created when missing; the connector's account needs CREATE, SELECT, "
+        "INSERT, UPDATE and DELETE on it (freshkey doctor checks).",
+    )
+    snapshot_chunk_rows: int = Field(
+        1000,
+        ge=1,
+        le=100_000,
+        description="Rows per snapshot chunk (one SELECT between two watermarks), unless the request "
+        "says otherwise.",
+    )
+    snapshot_max_rows_per_s: float = Field(
+        0.0,
+        ge=0,
+        description="Most rows per second a snapshot reads from the source, unless the request says "
+        "otherwise; 0 = no limit.",
+    )
+    snapshot_unsafe_keep_changed_rows: bool = Field(
+        False,
+        description="Tests only: keep the rows of a chunk that changed between its watermarks (the step "
+        "that keeps a snapshot row from overwriting a newer change is off; caches end stale). Shows what "
+        "the watermark step prevents.",
+    )
+
+    @property
+    def snapshot_state_path(self) -> Path:
+        """Where the snapshot's progress is kept: beside the checkpoint (``checkpoint.snapshot.json``)."""
+        return self.checkpoint_path.with_name(self.checkpoint_path.stem + ".snapshot.json")
+
     @model_validator(mode="after")
     def _backoff_order(self) -> ConnectorSettings:
         if self.retry_max_backoff_s < self.retry_initial_backoff_s:
