@@ -16,6 +16,7 @@ from connectors.binlog.positions import ACCEPT_GAP_HINT, position_problem
 from connectors.checkpoint import BinlogPosition, CheckpointError, CheckpointStore
 from connectors.exceptions import ConfigurationError, DatabaseUnavailableError, retry_cause
 from connectors.settings import MySQLSettings
+from connectors.snapshot.signals import SignalTable
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,3 +241,29 @@ def checkpoint_check_from(file: str, pos: int, logs: Sequence[tuple[str, int]]) 
     if problem is None:
         return Check(CHECKPOINT_CHECK, True, f"{file}:{pos}", f"{file} on the server")
     return Check(CHECKPOINT_CHECK, False, problem, f"{file} on the server", ACCEPT_GAP_HINT)
+
+
+SIGNAL_CHECK = "signal table (snapshots)"
+
+
+def signal_table_check(settings: MySQLSettings, signal_table: str) -> Check:
+    """Can the connector's account use the signal table ``db.table`` that snapshots talk through
+    (``connectors.snapshot.signals``)? It is created when missing (as the connector would), then a
+    write, change and delete of a row are tried in a transaction that is rolled back (nothing reaches
+    the binlog). A server that cannot be asked raises like :func:`run_checks`."""
+    try:
+        signal = SignalTable(signal_table, settings.server_id)
+    except ConfigurationError as exc:
+        return Check(SIGNAL_CHECK, False, signal_table, "db.table", str(exc))
+    want = "created, and writable by the connector's account"
+    conn = connect(settings)
+    try:
+        created = signal.ensure(conn, settings.user)
+        signal.probe(conn, settings.user)
+    except ConfigurationError as exc:
+        return Check(SIGNAL_CHECK, False, str(exc).split(";")[0], want, signal.grant(settings.user))
+    finally:
+        conn.close()
+    return Check(
+        SIGNAL_CHECK, True, f"{signal.name} ({'created now' if created else 'present'}), writable", want
+    )

@@ -48,6 +48,7 @@ from connectors.metrics import CONNECTOR_METRICS, ConnectorMetrics, ConnectorSta
 from connectors.resume import OnGap, ResumeGuard
 from connectors.sending import Sender
 from connectors.settings import ConnectorSettings, KafkaSettings, MySQLSettings
+from connectors.snapshot import SnapshotCoordinator, SnapshotTable
 from schemas import ChangeEvent, DeadLetter
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,7 @@ def run_connector(
     accept_gap: bool = False,
     on_ready: Callable[[BinlogPosition], None] | None = None,
     progress_every_s: float = 5.0,
+    snapshot_after_gap: Collection[SnapshotTable] = (),
 ) -> ConnectorStats:
     """Run sessions until interrupted (KeyboardInterrupt/SystemExit), a configuration error, or
     ``retry_max_attempts`` consecutive failed sessions (:class:`RetriesExhaustedError`).
@@ -77,6 +79,7 @@ def run_connector(
     ConfigurationError. ``accept_gap``: a checkpoint the server cannot serve any more (purged binlog) or
     cannot read is fenced (``on_gap``) and replaced by the server's current position instead of stopping
     the run. ``on_ready``: called with the start position each time a session starts reading.
+    ``snapshot_after_gap``: the tables a snapshot refills after a gap was fenced (``--snapshot``).
     On a clean stop it waits for outstanding acknowledgements and saves the final checkpoint.
     """
     registry: tuple[str, str] | None = None
@@ -96,6 +99,7 @@ def run_connector(
         accept_gap=accept_gap,
         on_ready=on_ready,
         progress_every_s=progress_every_s,
+        snapshot_after_gap=snapshot_after_gap,
     )
     return run.run()
 
@@ -151,11 +155,14 @@ class ConnectorRun:
         on_ready: Callable[[BinlogPosition], None] | None = None,
         progress_every_s: float = 5.0,
         metrics: ConnectorMetrics = CONNECTOR_METRICS,
+        snapshot_after_gap: Collection[SnapshotTable] = (),
     ) -> None:
         self.mysql = mysql
         self.kafka = kafka
         self.connector = connector
-        self.tables = tables
+        # Snapshots (connectors.snapshot) read the signal table's binlog rows: requests and watermarks.
+        self.snapshots = SnapshotCoordinator(mysql, connector, after_gap=tuple(snapshot_after_gap))
+        self.tables = {*tables, self.snapshots.table}
         self.registry = registry
         self.on_ready = on_ready
         self.progress_every_s = progress_every_s
@@ -169,7 +176,7 @@ class ConnectorRun:
             kafka,
             connector,
             self.store,
-            on_gap=on_gap,
+            on_gap=self.snapshots.gap_hook(on_gap),
             accept_gap=accept_gap,
             stats=self.stats,
             metrics=metrics,
@@ -283,6 +290,7 @@ class ConnectorRun:
                 start.pos,
                 self.kafka.change_topic,
             )
+            self.snapshots.begin(lambda: tracker.committed)
             self._read(source, sender, producer, start)
             clean = True
         except (KeyboardInterrupt, SystemExit):
@@ -302,6 +310,7 @@ class ConnectorRun:
             )
             remaining = producer.close(flush_s, purge=not clean)
             saver.stop()
+            self.snapshots.end()  # counts the chunks Kafka acknowledged, after the last flush
             if remaining:
                 log.log(
                     logging.ERROR if clean else logging.INFO,
@@ -332,13 +341,24 @@ class ConnectorRun:
                 self.retry.stable()
             producer.raise_if_failed()
             if isinstance(item, Tick):
-                pass
+                self.snapshots.read_to(None)
             elif isinstance(item, Boundary):
                 tracker.boundary(item.position)
                 self.stats.transactions += 1
+                self.snapshots.read_to(item.position)
+            elif isinstance(item, ChangeEvent) and item.table == self.snapshots.table:
+                # A snapshot chunk's rows go out at its high watermark, in binlog order.
+                for row in self.snapshots.on_signal(item):
+                    sender.send(row)
+                    if isinstance(row, DeadLetter):
+                        self.stats.dead_letters += 1
+                while tracker.outstanding > self.connector.max_in_flight:
+                    producer.raise_if_failed()
+                    time.sleep(0.005)
             elif self.registry is not None and isinstance(item, ChangeEvent) and item.table == self.registry:
                 sender.registry_row(item)
             else:
+                self.snapshots.observe(item)
                 sender.send(item)
                 if isinstance(item, DeadLetter):
                     self.stats.dead_letters += 1

@@ -34,9 +34,11 @@ def _register_optional() -> None:
     from pipeline.commands.heartbeat import heartbeat
     from pipeline.commands.model import model_app
     from pipeline.commands.sla import sla
+    from pipeline.commands.snapshot import snapshot
 
     app.command()(demo)
     app.command()(sla)
+    app.command()(snapshot)
     app.command()(heartbeat)
     app.add_typer(bench_app, name="bench")
     app.add_typer(model_app, name="model")

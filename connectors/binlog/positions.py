@@ -32,8 +32,9 @@ ER_MASTER_FATAL_ERROR_READING_BINLOG = 1236
 """The server cannot send the binlog from the asked position (purged file, impossible position...)."""
 
 ACCEPT_GAP_HINT = (
-    "run `freshkey connector --accept-gap`: it fences every bound namespace (nothing cached before is "
-    "served) and continues from the current binlog position; then run `freshkey snapshot` to refill"
+    "run `freshkey connector --accept-gap --snapshot`: it fences every bound namespace first (nothing "
+    "cached before is served), continues from the current binlog position and snapshots the bound tables "
+    "to refill the caches (or `freshkey connector --accept-gap`, then `freshkey snapshot`, in two steps)"
 )
 
 BinaryLogs = Sequence[tuple[str, int]]

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import logging
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Annotated
 
 import typer
 
 from connectors.exceptions import ConnectorError, RetriesExhaustedError
+from connectors.snapshot.model import SnapshotTable
 from pipeline.commands import EnvFile
 from pipeline.config import AllSettings, load_bindings, setup_logging
 from schemas import Bindings
@@ -35,6 +36,18 @@ def fence_hook(settings: AllSettings, bindings: Bindings) -> Callable[[str], Non
     return on_gap
 
 
+def snapshot_tables(bindings: Bindings, namespaces: Sequence[str] = ()) -> list[SnapshotTable]:
+    """The tables a snapshot reads: the bindings of ``namespaces`` (all when empty) whose changes write
+    the cache. An ``on_change: invalidate`` binding is left out unless named: its rows would only
+    invalidate (applications fill after a miss), which a fence does in one step."""
+    named = set(namespaces)
+    return [
+        SnapshotTable(db=b.database, table=b.table_name, label=b.namespace)
+        for b in bindings.bindings
+        if b.namespace in named or (not named and b.on_change == "write")
+    ]
+
+
 def connector(
     env_file: EnvFile = None,
     log_level: Annotated[str, typer.Option("--log-level")] = "INFO",
@@ -44,8 +57,18 @@ def connector(
             "--accept-gap",
             help="When the checkpoint's binlog is gone (purged) or the checkpoint unreadable: fence every "
             "bound namespace (nothing cached before is served), then continue from the current binlog "
-            "position instead of stopping. Changes in the gap are not replayed: run `freshkey snapshot` "
-            "to refill.",
+            "position instead of stopping. Changes in the gap are not replayed: add --snapshot, or run "
+            "`freshkey snapshot` afterwards, to refill.",
+        ),
+    ] = False,
+    snapshot: Annotated[
+        bool,
+        typer.Option(
+            "--snapshot",
+            help="After any gap this connector fences (a purged binlog with --accept-gap, a change topic "
+            "that lost events), snapshot every bound table of an on_change: write binding to refill the "
+            "caches (asked for before the fence, so it runs even if the connector dies in between). "
+            "Follow it with `freshkey snapshot --status`.",
         ),
     ] = False,
 ) -> None:
@@ -70,6 +93,7 @@ def connector(
             list(bindings.tables()),
             on_gap=fence_hook(settings, bindings),
             accept_gap=accept_gap,
+            snapshot_after_gap=snapshot_tables(bindings) if snapshot else (),
         )
     except KeyboardInterrupt:
         pass
