@@ -36,6 +36,7 @@ from pymysqlreplication.event import (
 from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
 from connectors.binlog.positions import ER_MASTER_FATAL_ERROR_READING_BINLOG, binary_logs, refusal_error
+from connectors.binlog.tablemaps import TableMapGuard
 from connectors.binlog.translate import (
     EventOrigin,
     RowsEvent,
@@ -115,7 +116,8 @@ class BinlogSource:
         connection = settings = self._settings.connection_kwargs()
         if self._read_timeout_s is not None:
             connection = {**settings, "read_timeout": max(1, round(self._read_timeout_s))}
-        return BinLogStreamReader(
+        guard = TableMapGuard()
+        reader = BinLogStreamReader(
             connection_settings=connection,
             ctl_connection_settings=connection,
             server_id=self._settings.server_id,
@@ -138,7 +140,13 @@ class BinlogSource:
             only_tables=sorted({t for _, t in self._tables}),
             slave_heartbeat=1.0,
             enable_logging=False,
+            # A table map is parsed once per table, not per transaction: the guard makes the reader
+            # parse it again whenever its bytes change (connectors.binlog.tablemaps).
+            freeze_schema=True,
+            pymysql_wrapper=guard.connect,
         )
+        guard.reader = reader
+        return reader
 
     def __iter__(self) -> Iterator[SourceItem]:
         stream = self._stream = self._open()

@@ -1,0 +1,346 @@
+"""The connector's hot path, stage by stage, in one process: where its CPU goes per row.
+
+``freshkey bench pipeline --only connector,raw-decode`` measures the real ``freshkey connector`` against
+plain pymysqlreplication, in wall time, on a shared machine. This harness measures the *CPU time of this
+process* (``time.process_time``: every thread, librdkafka's included) per row for each stage of the same
+path, on the same table shape and backlogs, so that an optimisation shows even while others load the
+machine:
+
+- ``raw``: plain pymysqlreplication over the backlog (:func:`pipeline.bench.raw.raw_decode`);
+- ``source``: :class:`connectors.binlog.source.BinlogSource` (decode + translate into change events);
+- ``encode``: ``source`` plus :meth:`connectors.sending.Sender.message` (the Kafka key and value);
+- ``send``: ``source`` plus :class:`~connectors.sending.Sender` producing through a real
+  :class:`~connectors.kafka.producer.ChangeProducer` into the broker, until every message is
+  acknowledged (the connector's loop without its checkpoint file and progress lines).
+
+Run (a private MariaDB and Kafka broker are started and removed)::
+
+    .venv/bin/python -m tests.benchmarks.connector_path --runs 5
+    .venv/bin/py-spy record -r 250 -f raw -o /tmp/send.txt -- \\
+        .venv/bin/python -m tests.benchmarks.connector_path --modes send --runs 3
+
+Figures, not a test: nothing here asserts a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pymysql
+from pymysql.constants import CLIENT
+
+from connectors.binlog.source import BinlogSource, Boundary
+from connectors.checkpoint import BinlogPosition, CheckpointTracker
+from connectors.kafka.producer import ChangeProducer, MessageLimit
+from connectors.kafka.topics import prepare_topics
+from connectors.metrics import CONNECTOR_METRICS, ConnectorStats
+from connectors.sending import Item, Sender
+from connectors.settings import KafkaSettings, MySQLSettings
+from pipeline.bench.raw import raw_decode
+from pipeline.embedded import LocalKafka, LocalMariaDB
+from schemas import ChangeEvent
+
+DATABASE = "freshkey_path"
+TABLES = {"single": "single_rows", "multi": "multi_rows"}
+MODES = ("raw", "source", "encode", "send")
+ROW_TABLE_DDL = """
+CREATE TABLE {db}.{table} (
+  id INT PRIMARY KEY,
+  modality VARCHAR(16) NOT NULL,
+  content TEXT NOT NULL,
+  embedding BLOB,
+  updated_at DATETIME(6) NOT NULL
+)
+"""
+"""The shape of ``freshkey bench pipeline``'s tables."""
+
+
+@dataclass(frozen=True)
+class Backlog:
+    kind: str
+    start: tuple[str, int]
+    end: tuple[str, int]
+    rows: int
+
+
+@dataclass(frozen=True)
+class Figure:
+    rows: int
+    wall_s: float
+    cpu_s: float
+    threads: dict[str, float] = field(default_factory=dict)
+    """CPU µs per row of each thread (``send`` mode): main, delivery (the poll thread), librdkafka."""
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows / self.wall_s
+
+    @property
+    def cpu_us_per_row(self) -> float:
+        return self.cpu_s / self.rows * 1e6
+
+
+class Null:
+    """A producer that acknowledges at once (``encode`` mode): the send path without Kafka."""
+
+    def produce(
+        self, topic: str, key: bytes, value: bytes, on_delivered: Callable[[], None], **_: Any
+    ) -> None:
+        on_delivered()
+
+
+def _position(conn: Any) -> tuple[str, int]:
+    with conn.cursor() as cur:
+        cur.execute("SHOW MASTER STATUS")
+        row = cur.fetchone()
+    return str(row[0]), int(row[1])
+
+
+def write_backlogs(db: LocalMariaDB, changes: int, insert_rows: int, rows: int) -> dict[str, Backlog]:
+    rng = random.Random(7)
+    conn = pymysql.connect(
+        host=db.host,
+        port=db.port,
+        user=db.admin_user,
+        password=db.admin_password,
+        autocommit=True,
+        client_flag=CLIENT.MULTI_STATEMENTS,
+    )
+
+    def row(i: int, content: str) -> str:
+        return f"({i},'text','{content}',X'{rng.randbytes(32).hex()}',UTC_TIMESTAMP(6))"
+
+    def run(statements: Sequence[str]) -> None:
+        with conn.cursor() as cur:
+            for first in range(0, len(statements), 500):
+                cur.execute(";".join(statements[first : first + 500]))
+                while cur.nextset():
+                    pass
+
+    try:
+        run(
+            [f"CREATE DATABASE {DATABASE}"]
+            + [ROW_TABLE_DDL.format(db=DATABASE, table=t) for t in TABLES.values()]
+        )
+        run(
+            [
+                f"INSERT INTO {DATABASE}.{TABLES['single']} VALUES "
+                + ",".join(row(i, f"row {i}") for i in range(rows))
+            ]
+        )
+        backlogs = {}
+        start = _position(conn)
+        run(
+            [
+                f"UPDATE {DATABASE}.{TABLES['single']} SET content='change {n}', "
+                f"embedding=X'{rng.randbytes(32).hex()}', updated_at=UTC_TIMESTAMP(6) WHERE id={n % rows}"
+                for n in range(changes)
+            ]
+        )
+        backlogs["single"] = Backlog("single", start, _position(conn), changes)
+        start = _position(conn)
+        inserts = -(-changes // insert_rows)
+        run(
+            [
+                f"INSERT INTO {DATABASE}.{TABLES['multi']} VALUES "
+                + ",".join(row(n * insert_rows + i, f"new {i}") for i in range(insert_rows))
+                for n in range(inserts)
+            ]
+        )
+        backlogs["multi"] = Backlog("multi", start, _position(conn), inserts * insert_rows)
+        return backlogs
+    finally:
+        conn.close()
+
+
+def thread_cpu() -> dict[int, float]:
+    """CPU seconds of each thread of this process so far, by native thread id (Linux /proc)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    result: dict[int, float] = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        result[int(task.name)] = (int(fields[11]) + int(fields[12])) / ticks
+    return result
+
+
+def _timed(work: Callable[[], int], threads: Callable[[], dict[str, int]] | None = None) -> Figure:
+    before = thread_cpu()
+    wall, cpu = time.perf_counter(), time.process_time()
+    rows = work()
+    figure = Figure(rows, time.perf_counter() - wall, time.process_time() - cpu)
+    if threads is not None:
+        after = thread_cpu()
+        named = {tid: name for name, tid in threads().items()}
+        split: dict[str, float] = {}
+        for tid, seconds in after.items():
+            name = named.get(tid, "librdkafka")
+            split[name] = split.get(name, 0.0) + seconds - before.get(tid, 0.0)
+        figure.threads.update({name: s / rows * 1e6 for name, s in split.items()})
+    return figure
+
+
+def measure_raw(mysql: MySQLSettings, backlog: Backlog) -> Figure:
+    connection = {k: v for k, v in mysql.connection_kwargs().items() if k != "connect_timeout"}
+    return _timed(
+        lambda: (
+            raw_decode(
+                connection,
+                server_id=4901,
+                start=backlog.start,
+                rows=backlog.rows,
+                schema=DATABASE,
+                table=TABLES[backlog.kind],
+            ).items
+        )
+    )
+
+
+def _source(mysql: MySQLSettings, backlog: Backlog) -> BinlogSource:
+    return BinlogSource(
+        mysql,
+        [(DATABASE, TABLES[backlog.kind])],
+        start=BinlogPosition(*backlog.start),
+        blocking=False,
+    )
+
+
+def _drain(
+    source: BinlogSource,
+    backlog: Backlog,
+    on_item: Callable[[Item], None],
+    on_boundary: Callable[[BinlogPosition], None],
+) -> int:
+    rows = 0
+    try:
+        for item in source:
+            if isinstance(item, Boundary):
+                on_boundary(item.position)
+                if (item.position.file, item.position.pos) >= backlog.end:
+                    break
+            elif isinstance(item, ChangeEvent):
+                rows += 1
+                on_item(item)
+    finally:
+        source.close()
+    return rows
+
+
+def measure_source(mysql: MySQLSettings, backlog: Backlog) -> Figure:
+    source = _source(mysql, backlog)
+    return _timed(lambda: _drain(source, backlog, lambda item: None, lambda position: None))
+
+
+def _sender(kafka: KafkaSettings, tracker: CheckpointTracker, producer: Any) -> Sender:
+    limit = MessageLimit(kafka.max_message_bytes)
+    return Sender(kafka, limit, tracker, producer, stats=ConnectorStats(), metrics=CONNECTOR_METRICS)
+
+
+def measure_encode(mysql: MySQLSettings, kafka: KafkaSettings, backlog: Backlog) -> Figure:
+    tracker = CheckpointTracker(BinlogPosition(*backlog.start))
+    sender = _sender(kafka, tracker, Null())
+    source = _source(mysql, backlog)
+    return _timed(lambda: _drain(source, backlog, sender.send, tracker.boundary))
+
+
+def measure_send(mysql: MySQLSettings, kafka: KafkaSettings, backlog: Backlog) -> Figure:
+    tracker = CheckpointTracker(BinlogPosition(*backlog.start))
+    producer = ChangeProducer(kafka)
+    sender = _sender(kafka, tracker, producer)
+    source = _source(mysql, backlog)
+
+    def work() -> int:
+        rows = _drain(source, backlog, sender.send, tracker.boundary)
+        if producer.flush(60) != 0:
+            raise RuntimeError("the broker did not acknowledge every message within 60 s")
+        producer.raise_if_failed()
+        return rows
+
+    def threads() -> dict[str, int]:
+        poller = producer._poller.native_id
+        return {"main": threading.main_thread().native_id or 0, "delivery": poller or 0}
+
+    try:
+        return _timed(work, threads)
+    finally:
+        producer.close(5)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--changes", type=int, default=10_000)
+    parser.add_argument("--insert-rows", type=int, default=1_000)
+    parser.add_argument("--rows", type=int, default=1_000)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--kinds", default="single,multi")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    modes = [m for m in args.modes.split(",") if m]
+    kinds = [k for k in args.kinds.split(",") if k]
+    results: dict[str, dict[str, list[Figure]]] = {k: {m: [] for m in modes} for k in kinds}
+    with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="freshkey-path-") as root:
+        db = stack.enter_context(LocalMariaDB(workdir=Path(root) / "mariadb"))
+        broker = stack.enter_context(LocalKafka(workdir=Path(root) / "kafka"))
+        mysql = MySQLSettings(host=db.host, port=db.port, user=db.user, password=db.password, server_id=4900)
+        kafka = KafkaSettings(bootstrap=broker.bootstrap, change_topic="path.changes", partitions=4)
+        prepare_topics(kafka, timeout_s=30)
+        backlogs = write_backlogs(db, args.changes, args.insert_rows, args.rows)
+        for _ in range(args.runs):
+            for kind in kinds:
+                backlog = backlogs[kind]
+                for mode in modes:
+                    if mode == "raw":
+                        figure = measure_raw(mysql, backlog)
+                    elif mode == "source":
+                        figure = measure_source(mysql, backlog)
+                    elif mode == "encode":
+                        figure = measure_encode(mysql, kafka, backlog)
+                    else:
+                        figure = measure_send(mysql, kafka, backlog)
+                    if figure.rows != backlog.rows:
+                        raise RuntimeError(f"{mode} {kind}: {figure.rows} rows, expected {backlog.rows}")
+                    results[kind][mode].append(figure)
+    report: dict[str, Any] = {}
+    for kind in kinds:
+        print(f"{kind} ({backlogs[kind].rows} rows), median of {args.runs} run(s):")
+        raw_cpu = None
+        for mode in modes:
+            figures = results[kind][mode]
+            cpu = statistics.median(f.cpu_us_per_row for f in figures)
+            rate = statistics.median(f.rows_per_s for f in figures)
+            raw_cpu = cpu if mode == "raw" else raw_cpu
+            ratio = f"  raw/this CPU {raw_cpu / cpu:.2f}x" if raw_cpu is not None and mode != "raw" else ""
+            split = ""
+            if figures[0].threads:
+                names = sorted(figures[0].threads)
+                split = (
+                    "  ("
+                    + ", ".join(
+                        f"{n} {statistics.median(f.threads.get(n, 0.0) for f in figures):.1f}" for n in names
+                    )
+                    + ")"
+                )
+            print(f"  {mode:7s} {cpu:7.1f} CPU µs/row  {rate:9,.0f} rows/s{ratio}{split}")
+            report.setdefault(kind, {})[mode] = {"cpu_us_per_row": cpu, "rows_per_s": rate}
+    if args.json is not None:
+        args.json.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
