@@ -166,6 +166,31 @@ def read_to_end(bootstrap: str, topic: str, *, timeout: float = 30) -> list[Reco
     return asyncio.run(read())
 
 
+def read_records(bootstrap: str, topic: str, *, expect: int, timeout: float = 30) -> list[Record]:
+    """Every message of ``topic`` with its partition and offset, in (partition, offset) order, once at
+    least ``expect`` were read (end offsets are not asked: the test broker under-reports them)."""
+
+    async def read() -> list[Record]:
+        consumer = AIOKafkaConsumer(
+            topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
+        )
+        await consumer.start()
+        records: list[Record] = []
+        deadline = time.monotonic() + timeout
+        try:
+            while len(records) < expect and time.monotonic() < deadline:
+                batch = await consumer.getmany(timeout_ms=500)
+                for messages in batch.values():
+                    records.extend(Record(m.partition, m.offset, m.key, m.value or b"") for m in messages)
+        finally:
+            await consumer.stop()
+        if len(records) < expect:
+            raise AssertionError(f"only {len(records)} of {expect} messages on {topic} after {timeout}s")
+        return sorted(records, key=lambda r: (r.partition, r.offset))
+
+    return asyncio.run(read())
+
+
 def committed_offsets(bootstrap: str, group: str, topic: str, timeout: float = 10) -> dict[int, int]:
     """The consumer group's committed offset per partition of ``topic`` (-1001: nothing committed).
 

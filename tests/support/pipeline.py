@@ -2,6 +2,12 @@
 
 Every pipeline gets its own database, topics, consumer group, Redis key prefix and checkpoint file, so
 tests never see each other's data, against private or external services alike.
+
+Several workers of one pipeline run as one consumer group: ``start("worker")`` is the first, and any
+other name that starts with ``worker`` (``worker-2``, ``worker-3``...) is one more process of the same
+app id with its own web port, data directory and metrics port (``web_ports[name]``, ``stats(name)``).
+With ``redis_cluster=True`` the Redis URL is a seed of a Redis Cluster: the processes get
+``FRESHKEY_REDIS_CLUSTER=true`` and the harness reads the cache through cluster clients.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import redis
+import redis.asyncio as aioredis
+from pydantic import SecretStr
 
 from cache_writer.entries import Entry, read_namespace
 from connectors.checkpoint import CheckpointStore
@@ -25,7 +33,8 @@ from connectors.database import read_table
 from connectors.settings import MySQLSettings
 from pipeline.demo.catchup import connector_reached, fetch_stats, high_watermarks, worker_reached
 from pipeline.embedded import free_port, preexec_die_with_parent
-from pipeline.verify.judge import VerifyReport, verify_namespace
+from pipeline.verify.judge import Verification, VerifyReport, verify_namespace
+from pipeline.verify.run import run_verification
 from schemas import parse_bindings
 from tests.conftest import MySQLService
 
@@ -53,6 +62,7 @@ class Pipeline:
         version_column: bool,
         value_columns: bool = True,
         binding_extra: str = "",
+        redis_cluster: bool = False,
     ) -> None:
         tag = uuid.uuid4().hex[:10]
         self.mysql = mysql
@@ -67,7 +77,9 @@ class Pipeline:
         self.workdir = workdir
         self.kafka = kafka
         self.redis_url = redis_url
+        self.redis_cluster = redis_cluster
         self.web_port = free_port()
+        self.web_ports: dict[str, int] = {"worker": self.web_port}
         binding = f"  - table: {self.database}.assets\n    namespace: {self.namespace}\n"
         if value_columns:
             binding += "    value_columns: [modality, content, embedding, updated_at]\n"
@@ -99,22 +111,39 @@ class Pipeline:
             "FRESHKEY_WORKER_WEB_PORT": str(self.web_port),
             "FRESHKEY_WORKER_SESSION_TIMEOUT_S": "6",
         }
+        if redis_cluster:
+            self.env["FRESHKEY_REDIS_CLUSTER"] = "true"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.starts = {"connector": 0, "worker": 0}
+        self.starts: dict[str, int] = {"connector": 0, "worker": 0}
+        self._worker_env: dict[str, dict[str, str]] = {}
         with mysql.connect() as conn, conn.cursor() as cur:
             cur.execute(f"CREATE DATABASE {self.database}")
             cur.execute(TABLE_DDL.format(db=self.database))
         self.conn = mysql.connect(self.database)
-        self.redis = redis.Redis.from_url(redis_url)
+        self.redis: redis.Redis | redis.RedisCluster = (
+            redis.RedisCluster.from_url(redis_url) if redis_cluster else redis.Redis.from_url(redis_url)
+        )
 
     # -- processes -------------------------------------------------------------------------------------
     def start(self, name: str, **extra_env: str) -> None:
+        """Start ``connector``, ``worker`` or one more worker of the group (``worker-<n>``); return once
+        the connector wrote its first checkpoint / the worker's web server answers (a worker may not have
+        joined the group yet)."""
+        self.launch(name, **extra_env)
+        if name == "connector":
+            self.wait(lambda: self.checkpoint_path.exists(), 60, "the connector's first checkpoint")
+        else:
+            self.wait(lambda: self.stats(name) is not None, 60, f"the web server of {name}")
+
+    def launch(self, name: str, **extra_env: str) -> None:
+        """Start the process and return at once (:meth:`start` waits for it)."""
         assert name not in self.procs or self.procs[name].poll() is not None, f"{name} already running"
-        self.starts[name] += 1
+        command = "worker" if name.startswith("worker") else name
+        self.starts[name] = self.starts.get(name, 0) + 1
         log = (self.workdir / f"{name}.{self.starts[name]}.log").open("wb")
         self.procs[name] = subprocess.Popen(
-            [sys.executable, "-m", "pipeline", name],
-            env={**self.env, **extra_env},
+            [sys.executable, "-m", "pipeline", command],
+            env={**self.env, **self._own_env(name), **extra_env},
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -122,10 +151,25 @@ class Pipeline:
             preexec_fn=preexec_die_with_parent(),
         )
         log.close()
-        if name == "connector":
-            self.wait(lambda: self.checkpoint_path.exists(), 60, "the connector's first checkpoint")
-        else:
-            self.wait(lambda: self.stats() is not None, 60, "the worker's web server")
+
+    def _own_env(self, name: str) -> dict[str, str]:
+        """What sets one more worker of the group apart from the first: its web port, data directory
+        and metrics port (kept across restarts, so a restarted worker answers where it did)."""
+        if name in ("connector", "worker") or not name.startswith("worker"):
+            return {}
+        if name not in self._worker_env:
+            self.web_ports[name] = free_port()
+            self._worker_env[name] = {
+                "FRESHKEY_WORKER_WEB_PORT": str(self.web_ports[name]),
+                "FRESHKEY_WORKER_DATA_DIR": str(self.workdir / name),
+                "FRESHKEY_TELEMETRY_PROMETHEUS_PORT": str(free_port()),
+            }
+        return self._worker_env[name]
+
+    @property
+    def workers(self) -> list[str]:
+        """The worker processes started so far (running or not), by name."""
+        return [name for name in self.procs if name.startswith("worker")]
 
     @property
     def checkpoint_path(self) -> Path:
@@ -166,8 +210,13 @@ class Pipeline:
                 raise AssertionError(f"timed out waiting for {what}\n{self.logs()}")
             time.sleep(0.05)
 
-    def stats(self) -> dict[str, Any] | None:
-        return fetch_stats(f"http://127.0.0.1:{self.web_port}/freshkey/stats")
+    def stats(self, name: str = "worker") -> dict[str, Any] | None:
+        """``/freshkey/stats`` of a worker (None while it does not answer)."""
+        return self.page(name, "/freshkey/stats")
+
+    def page(self, name: str, path: str) -> dict[str, Any] | None:
+        """A JSON page of a worker's web server (None while it does not answer)."""
+        return fetch_stats(f"http://127.0.0.1:{self.web_ports[name]}{path}")
 
     # -- database and cache ----------------------------------------------------------------------------
     def sql(self, statement: str, args: Any = None) -> Any:
@@ -189,9 +238,7 @@ class Pipeline:
 
     def entries(self) -> dict[str, Entry]:
         async def read() -> dict[str, Entry]:
-            import redis.asyncio as aioredis
-
-            client = aioredis.Redis.from_url(self.redis_url)
+            client = self.async_redis()
             try:
                 return await read_namespace(client, self.prefix, self.namespace)
             finally:
@@ -205,10 +252,39 @@ class Pipeline:
             host=self.mysql.host,
             port=self.mysql.port,
             user=self.mysql.admin_user,
-            password=self.mysql.admin_password,  # type: ignore[arg-type]
+            password=SecretStr(self.mysql.admin_password),
         )
         rows = list(read_table(settings, self.database, "assets"))
         return verify_namespace(binding, rows, self.entries(), prefix=self.prefix, key_columns=("id",))
+
+    def run_verification(self, window_ms: float = 1500.0) -> Verification:
+        """``freshkey verify``'s engine (``pipeline.verify.run.run_verification``) on L2: every row against
+        its entry, each mismatch re-read after ``window_ms`` (in flight or stale)."""
+        binding = parse_bindings(self.bindings_text).bindings[0]
+        settings = MySQLSettings(
+            host=self.mysql.host,
+            port=self.mysql.port,
+            user=self.mysql.admin_user,
+            password=SecretStr(self.mysql.admin_password),
+        )
+
+        async def run() -> Verification:
+            client = self.async_redis()
+            try:
+                return await run_verification(
+                    settings, [binding], [("redis", client)], prefix=self.prefix, window_ms=window_ms
+                )
+            finally:
+                await client.aclose()
+
+        return asyncio.run(run())
+
+    def async_redis(self) -> aioredis.Redis | aioredis.RedisCluster:
+        """A new asyncio client of the pipeline's Redis (a cluster client on a cluster); the caller closes
+        it."""
+        if self.redis_cluster:
+            return aioredis.RedisCluster.from_url(self.redis_url)
+        return aioredis.Redis.from_url(self.redis_url)
 
     def wait_consistent(self, timeout: float = 90) -> VerifyReport:
         """Wait until every row is in the cache as in the database (the pipeline caught up)."""
