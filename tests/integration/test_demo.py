@@ -1,9 +1,9 @@
 """``freshkey demo`` end to end: its own private services, a driven workload, a verified cache.
 
-The first tests need no service (the demo's accounting, pace, sentinel rows and private settings);
-the rest start the demo for real: every change accounted for, catch-up decided by sentinel rows (the
-broker's watermarks shown to be early), ``--serve`` keeping a private stack up until Ctrl-C, and an
-interrupt stopping everything the demo started.
+Every test here runs on real services (the service-free parts are in tests/unit/pipeline/test_demo.py):
+every change accounted for, catch-up decided by sentinel rows (the broker's watermarks shown to be
+early), ``--serve`` keeping a private stack up until Ctrl-C, and an interrupt stopping everything the
+demo started.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import os
 import re
 import signal
 import socket
-import stat
 import subprocess
 import sys
 import time
@@ -29,121 +28,13 @@ import pytest
 from connectors.kafka.producer import ChangeProducer
 from connectors.kafka.topics import ensure_topics
 from connectors.settings import KafkaSettings
-from pipeline.config import load_settings
-from pipeline.demo import run as demo
-from pipeline.demo.accounting import Accounting, Written
-from pipeline.demo.catchup import Sentinel, SentinelRows, high_watermarks, partition_of
-from pipeline.demo.machine import MachineLoad, Pace
-from pipeline.settings import TelemetrySettings, WorkerSettings
+from pipeline.demo import stack as demo
+from pipeline.demo.catchup import SentinelRows, high_watermarks, partition_of
 from schemas import message_key
-from tests.conftest import MySQLService
 from tests.support.compose import sql_statements
-
-DEMO = [sys.executable, "-m", "pipeline", "demo"]
-
-# --- without services -------------------------------------------------------------------------------
-
-
-def test_accounting_adds_up_and_says_why_not() -> None:
-    written = Written(inserts=300, updates=250, deletes=50, heartbeats=12, sentinels=4)
-    events = {
-        "change_applied": 590,
-        "change_superseded": 20,
-        "change_not_newer": 3,
-        "dead_lettered": 2,
-        "unbound": 1,
-        "c": 310,
-        "u": 253,
-        "d": 50,
-        "ddl": 3,  # not a row change: not counted
-    }
-    accounting = Accounting.from_events(written, events)
-    assert (accounting.seen, written.total) == (616, 616)
-    assert accounting.adds_up and accounting.to_json()["adds_up"], accounting.problems()
-
-    short = Accounting.from_events(written, {**events, "change_applied": 587, "c": 307})
-    assert not short.adds_up
-    assert short.problems() == [
-        "3 of the 616 changes written are not accounted for by the worker (not yet handled, or lost: "
-        "see events in /freshkey/stats)"
-    ]
-    extra = Accounting.from_events(written, {**events, "unbound": 5})
-    assert "4 more changes than the 616 written" in extra.problems()[0]
-    by_op = Accounting.from_events(written, {**events, "u": 250})
-    assert by_op.problems() == [
-        "the worker's counts by op (610) differ from its applied + superseded + not newer (613)"
-    ]
-
-
-def test_pace_warns_when_the_driver_fell_behind() -> None:
-    busy = MachineLoad(cpus=2, load_1m=6.1, load_5m=5.0, load_15m=4.0)
-    quiet = MachineLoad(cpus=8, load_1m=0.5, load_5m=0.4, load_15m=0.3)
-    assert Pace(500, 490, 0.01).warning(busy) is None, "98 % of the rate is holding it"
-    warning = Pace(500, 310, 1.25).warning(busy)
-    assert warning is not None
-    assert "could not hold 500 changes/s: it reached 310/s and fell up to 1.25 s behind" in warning
-    assert "the machine is busy (load 6.10 / 5.00 / 4.00 (1/5/15 min) on 2 CPUs)" in warning
-    slow = Pace(500, 310, 1.25).warning(quiet)
-    assert slow is not None and "the database or this process was too slow" in slow
-    assert busy.busy and not quiet.busy
-    now = MachineLoad.now()
-    assert now.cpus >= 1 and now.load_1m >= 0
-
-
-def test_sentinel_rows_cover_every_partition() -> None:
-    for partitions in (1, 4, 12):
-        rows = SentinelRows(
-            database="freshkey", table="heartbeat", namespace="hb", prefix="fk", partitions=partitions
-        )
-        assert sorted(rows.ids) == list(range(partitions))
-        for partition, row_id in rows.ids.items():
-            assert row_id >= 1_000_000, "clear of the prober's row"
-            assert partition_of(message_key("freshkey", "heartbeat", {"id": row_id}), partitions) == partition
-
-
-def test_a_sentinel_counts_only_at_its_version_in_every_tier() -> None:
-    sentinels = [Sentinel(0, 1_000_000, "a", 100), Sentinel(1, 1_000_001, "b", 200)]
-    l2 = {"a": 100, "b": 250}
-    l3: dict[str, int] = {"a": 100}
-    assert SentinelRows.missing(sentinels, [l2.get]) == []
-    assert SentinelRows.missing(sentinels, [l2.get, l3.get]) == [sentinels[1]], "b not in L3 yet"
-    l3["b"] = 199
-    assert SentinelRows.missing(sentinels, [l2.get, l3.get]) == [sentinels[1]], "an older b is not it"
-    l3["b"] = 200
-    assert SentinelRows.missing(sentinels, [l2.get, l3.get]) == []
-
-
-def test_the_demo_ignores_the_callers_addresses(tmp_path: Path) -> None:
-    inherited = {
-        "PATH": "/usr/bin",
-        "FRESHKEY_REDIS_L3_URL": "redis://production:6379/0",
-        "FRESHKEY_REDIS_KEY_PREFIX": "prod",
-        "FRESHKEY_TELEMETRY_PROMETHEUS_PORT": "9464",
-        "FRESHKEY_SLA_P99_LAG_MS": "500",
-        "FRESHKEY_WORKER_BATCH_MAX": "64",
-    }
-    env = demo.private_env(inherited, {"FRESHKEY_REDIS_KEY_PREFIX": "fk"})
-    assert env == {
-        "PATH": "/usr/bin",
-        "FRESHKEY_SLA_P99_LAG_MS": "500",
-        "FRESHKEY_WORKER_BATCH_MAX": "64",
-        "FRESHKEY_REDIS_KEY_PREFIX": "fk",
-    }
-
-
-def test_the_env_file_is_private_and_read_by_the_commands(tmp_path: Path) -> None:
-    path = tmp_path / "freshkey.env"
-    demo.write_env_file(
-        path, {"FRESHKEY_WORKER_WEB_PORT": "41234", "FRESHKEY_TELEMETRY_PROMETHEUS_PORT": "0"}
-    )
-    assert stat.S_IMODE(path.stat().st_mode) == 0o600, "it holds the database password"
-    assert load_settings(WorkerSettings, path).web_port == 41234
-    assert load_settings(TelemetrySettings, path).prometheus_port == 0
-    with pytest.raises(ValueError, match="newline"):
-        demo.write_env_file(path, {"FRESHKEY_MYSQL_PASSWORD": "a\nb"})
-
-
-# --- on the services --------------------------------------------------------------------------------
+from tests.support.demo import DEMO, SERVING, start_demo
+from tests.support.processes import left_running, processes_mentioning
+from tests.support.services import MySQLService
 
 
 @pytest.mark.integration
@@ -259,7 +150,7 @@ def test_the_heartbeat_service_writes_with_the_grants_of_init_sql(
 def test_demo_drives_changes_and_accounts_for_every_one(tmp_path: Path) -> None:
     out = tmp_path / "out.json"
     result = subprocess.run(
-        [sys.executable, "-m", "pipeline", "demo", "--changes", "600", "--rate", "400", "--json", str(out)],
+        [*DEMO, "--changes", "600", "--rate", "400", "--json", str(out)],
         capture_output=True,
         text=True,
         timeout=240,
@@ -291,28 +182,6 @@ def test_demo_drives_changes_and_accounts_for_every_one(tmp_path: Path) -> None:
         assert "could not hold 400 changes/s" in result.stdout, result.stdout
 
 
-def _processes_mentioning(text: str) -> list[int]:
-    """Live processes whose command line or environment mentions ``text``."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == os.getpid():
-            continue
-        try:
-            blob = (proc / "cmdline").read_bytes() + (proc / "environ").read_bytes()
-        except OSError:
-            continue
-        if text.encode() in blob:
-            found.append(int(proc.name))
-    return found
-
-
-def _all_gone(workdir: Path, timeout_s: float = 10) -> list[int]:
-    deadline = time.monotonic() + timeout_s
-    while _processes_mentioning(str(workdir)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return _processes_mentioning(str(workdir))
-
-
 @pytest.fixture
 def default_metrics_ports_taken() -> Iterator[None]:
     """Something else listens on the default Prometheus ports (9464, 9465) while the test runs."""
@@ -338,22 +207,10 @@ def _get(url: str) -> str:
 @pytest.mark.usefixtures("default_metrics_ports_taken")
 def test_demo_serve_keeps_a_private_stack_up_until_interrupted(tmp_path: Path) -> None:
     workdir = tmp_path / "demo"
-    proc = subprocess.Popen(
-        [*DEMO, "--changes", "200", "--rate", "200", "--serve", "--workdir", str(workdir)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "COLUMNS": "200"},
+    proc, text = start_demo(
+        ["--changes", "200", "--rate", "200", "--serve", "--workdir", str(workdir)], until=SERVING
     )
-    assert proc.stdout is not None
-    output: list[str] = []
     try:
-        deadline = time.monotonic() + 150
-        for line in proc.stdout:
-            output.append(line)
-            if "change a row, then watch the dashboard" in line or time.monotonic() > deadline:
-                break
-        text = "".join(output)
         assert "The stack stays up" in text, text
         urls = dict(re.findall(r"^  (dashboard|worker metrics|connector metrics) +(http://\S+)", text, re.M))
         assert set(urls) == {"dashboard", "worker metrics", "connector metrics"}, text
@@ -394,9 +251,9 @@ def test_demo_serve_keeps_a_private_stack_up_until_interrupted(tmp_path: Path) -
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=90)
-    assert proc.returncode == 0, "".join(output) + rest
+    assert proc.returncode == 0, text + rest
     assert "stopped: everything the demo started has been stopped." in rest, rest
-    assert _all_gone(workdir) == [], "something the demo started is still running"
+    assert left_running(workdir) == [], "something the demo started is still running"
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
@@ -404,34 +261,13 @@ def test_demo_serve_keeps_a_private_stack_up_until_interrupted(tmp_path: Path) -
 @pytest.mark.slow
 def test_interrupting_the_demo_stops_everything_it_started(tmp_path: Path, sig: signal.Signals) -> None:
     workdir = tmp_path / "demo"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pipeline",
-            "demo",
-            "--changes",
-            "100000",
-            "--rate",
-            "300",
-            "--workdir",
-            workdir,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    proc, output = start_demo(
+        ["--changes", "100000", "--rate", "300", "--workdir", str(workdir)], "driving", 120
     )
-    assert proc.stdout is not None
-    output = []
-    deadline = time.monotonic() + 120
-    for line in proc.stdout:
-        output.append(line)
-        if "driving" in line or time.monotonic() > deadline:
-            break
-    assert any("driving" in line for line in output), "".join(output)
-    assert _processes_mentioning(str(workdir)), "the services and the pipeline should be running now"
+    assert "driving" in output, output
+    assert processes_mentioning(str(workdir)), "the services and the pipeline should be running now"
     proc.send_signal(sig)
     rest, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 130, "".join(output) + rest
+    assert proc.returncode == 130, output + rest
     assert "interrupted" in rest
-    assert _all_gone(workdir) == [], "something the demo started is still running"
+    assert left_running(workdir) == [], "something the demo started is still running"

@@ -22,7 +22,7 @@ from pydantic_settings import BaseSettings
 from cache_writer.settings import L3Settings, RedisSettings
 from connectors.heartbeat import HeartbeatSettings
 from connectors.settings import ConnectorSettings, KafkaSettings, MySQLSettings
-from pipeline.demo import run as demo
+from pipeline.demo import stack as demo
 from pipeline.settings import (
     BindingSettings,
     HotnessSettings,
@@ -420,7 +420,7 @@ def check_kafka(compose: Compose) -> Problems:
 def check_bindings_mount(compose: Compose) -> Problems:
     """The file mounted at FRESHKEY_BINDINGS exists, parses, is read-only and is the demo's bindings."""
     problems: Problems = []
-    want = parse_bindings(demo.BINDINGS, source="pipeline.demo.run.BINDINGS")
+    want = parse_bindings(demo.BINDINGS, source="pipeline.demo.stack.BINDINGS")
     for name in APP_SERVICES:
         service = services(compose).get(name, {})
         target = effective_env(service, "FRESHKEY_BINDINGS", BindingSettings, "bindings")
@@ -443,10 +443,10 @@ def check_bindings_mount(compose: Compose) -> Problems:
         if [b.table for b in got.bindings] != [b.table for b in want.bindings]:
             problems.append(
                 f"{name}: {source} binds tables {[b.table for b in got.bindings]}, "
-                f"pipeline/demo/run.py BINDINGS binds {[b.table for b in want.bindings]}"
+                f"pipeline/demo/stack.py BINDINGS binds {[b.table for b in want.bindings]}"
             )
         elif got != want:
-            problems.append(f"{name}: {source} differs from pipeline/demo/run.py BINDINGS: {got} != {want}")
+            problems.append(f"{name}: {source} differs from pipeline/demo/stack.py BINDINGS: {got} != {want}")
     return problems
 
 

@@ -33,7 +33,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from connectors import heartbeat as heartbeat_module
 from connectors.heartbeat import HeartbeatSettings
 from connectors.settings import KafkaSettings
-from pipeline.demo import run as demo
+from pipeline.demo import stack as demo
 from schemas import parse_bindings
 from tests.support import compose as compose_linter
 from tests.support.compose import (
@@ -152,7 +152,7 @@ def test_init_sql_creates_the_demo_schema_and_grants(compose: Compose) -> None:
     statements = sql_statements(init.read_text())
     for statement in sql_statements(demo.SCHEMA):
         assert statement in statements, (
-            f"{init}: lacks (or differs from) pipeline/demo/run.py SCHEMA: {statement}"
+            f"{init}: lacks (or differs from) pipeline/demo/stack.py SCHEMA: {statement}"
         )
     grant = "GRANT SELECT, REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO 'freshkey'@'%'"
     assert grant in statements, f"{init}: lacks `{grant}` (what freshkey doctor checks)"
@@ -542,11 +542,11 @@ def test_bindings_check_reports_other_tables(compose: Compose, tmp_path: Path) -
     services(broken)["worker"]["volumes"] = [f"{other}:/etc/freshkey/bindings.yaml:ro"]
     problems = check_bindings_mount(broken)
     assert any(
-        "binds tables ['freshkey_demo.assets'], pipeline/demo/run.py BINDINGS binds" in p for p in problems
+        "binds tables ['freshkey_demo.assets'], pipeline/demo/stack.py BINDINGS binds" in p for p in problems
     ), problems
     other.write_text(demo.BINDINGS.replace("namespace: assets", "namespace: assets_v2"))
     problems = check_bindings_mount(broken)
-    assert any("differs from pipeline/demo/run.py BINDINGS" in p for p in problems), problems
+    assert any("differs from pipeline/demo/stack.py BINDINGS" in p for p in problems), problems
 
 
 @pytest.mark.parametrize(
