@@ -1,8 +1,8 @@
 """``freshkey bench pipeline``: it runs end to end on its own private services and writes every figure.
 
 The smoke test uses tiny sizes and asserts the shape and the internal consistency of the figures, never
-a speed (the machines are shared; speeds are what the bench is for). The tests without the ``integration``
-mark check the summary arithmetic and the option parsing on synthetic input.
+a speed (the machines are shared; speeds are what the bench is for). The summary arithmetic and the
+option parsing are checked on synthetic input in tests/unit/pipeline/test_bench_report.py.
 """
 
 from __future__ import annotations
@@ -15,27 +15,10 @@ from typing import Any
 
 import orjson
 import pytest
-from rich.console import Console
 
-from pipeline.bench.pipeline import BenchConfig, parse_only
-from pipeline.bench.report import render, summarize
+from tests.support.processes import processes_mentioning
 
 STAGES = {"commit->connector", "connector->worker", "worker->planned", "planned->tier:redis"}
-
-
-def _processes_mentioning(text: str) -> list[int]:
-    """Live processes whose command line or environment mentions ``text``."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == os.getpid():
-            continue
-        try:
-            blob = (proc / "cmdline").read_bytes() + (proc / "environ").read_bytes()
-        except OSError:
-            continue
-        if text.encode() in blob:
-            found.append(int(proc.name))
-    return found
 
 
 def _bench(tmp_path: Path, *args: str) -> dict[str, Any]:
@@ -60,7 +43,7 @@ def _bench(tmp_path: Path, *args: str) -> dict[str, Any]:
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert "figures written to" in result.stdout
-    assert _processes_mentioning(str(workdir)) == []
+    assert processes_mentioning(str(workdir)) == []
     report: dict[str, Any] = orjson.loads(out.read_bytes())
     return report
 
@@ -159,58 +142,3 @@ def test_bench_pipeline_drives_fixed_rates_with_lag_per_stage(tmp_path: Path) ->
     summary = report["summary"]["rates"]
     assert set(summary) == {"200", "300"}
     assert summary["300"]["runs"] == 1 and set(summary["300"]["lag_ms"]) == {"p50", "p99", "max"}
-
-
-def _run(per_s: dict[str, float]) -> dict[str, Any]:
-    return {
-        name: {"items": 100, "seconds": 100 / v, "per_s": v, "processes": {}, "background_cores": 0.5}
-        for name, v in per_s.items()
-    }
-
-
-def test_summary_takes_medians_over_runs_and_ratios_per_run() -> None:
-    runs = [
-        {"run": 1, **_run({"raw-decode": 1000.0, "connector": 500.0})},
-        {"run": 2, **_run({"raw-decode": 2000.0, "connector": 1800.0})},
-        {"run": 3, **_run({"raw-decode": 1500.0, "connector": 600.0})},
-    ]
-    summary = summarize({"backlogs": {"single": {"rows": 100, "transactions": 100, "runs": runs}}})
-    single = summary["backlogs"]["single"]
-    assert single["scenarios"]["connector"]["per_s"] == {
-        "median": 600.0,
-        "min": 500.0,
-        "max": 1800.0,
-        "runs": 3,
-    }
-    # Per-run ratios 0.5, 0.9, 0.4: their median, not the ratio of the medians (600 / 1500 = 0.4).
-    assert single["ratios"] == {"connector / raw decode": {"median": 0.5, "min": 0.4, "max": 0.9, "runs": 3}}
-
-
-def test_tables_say_when_other_processes_kept_the_machine_busy() -> None:
-    def printed(background: float) -> str:
-        runs = [{"run": 1, **_run({"raw-decode": 1000.0, "connector": 500.0})}]
-        for scenario in runs[0].values():
-            if isinstance(scenario, dict):
-                scenario["background_cores"] = background
-        report = {
-            "config": {"runs": 1},
-            "backlogs": {"single": {"rows": 100, "transactions": 100, "runs": runs}},
-        }
-        console = Console(record=True, width=200)
-        render(report, summarize(report), console)
-        return console.export_text()
-
-    assert "connector / raw decode: 0.50x" in printed(0.1)
-    assert "other processes used" not in printed(0.1)
-    assert "other processes used 1.5 cores" in printed(1.5)
-
-
-def test_only_picks_backlogs_and_scenarios_and_full_matches_the_issue() -> None:
-    assert parse_only([]) == (("single", "multi"), BenchConfig().scenarios)
-    assert parse_only(["multi,e2e", "rates"]) == (("multi",), ("e2e", "rates"))
-    with pytest.raises(ValueError, match="unknown e2d"):
-        parse_only(["e2d"])
-    full = BenchConfig.full()
-    assert (full.changes, full.inserts, full.insert_rows) == (50_000, 50, 1_000)
-    with pytest.raises(ValueError, match="--runs"):
-        BenchConfig(runs=0).check()

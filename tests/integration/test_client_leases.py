@@ -25,26 +25,15 @@ from cache_writer.layout import invalidation_channel, signature_key_of
 from cache_writer.redis import scripts
 from cache_writer.signatures import SignatureRecord
 from schemas.model_updates import SemVer, signature_order
-from tests.integration.test_redis_cluster import Migration
+from tests.support.cas import run_client_and_tier
+from tests.support.slots import Migration
 
 pytestmark = pytest.mark.integration
 
 
 def run(redis_url: str, body: Callable[..., Awaitable[Any]]) -> Any:
-    prefix = f"t{uuid.uuid4().hex[:8]}"
-
-    async def main() -> Any:
-        client = aioredis.Redis.from_url(redis_url)
-        tier = RedisTier(
-            aioredis.Redis.from_url(redis_url), tombstone_ttl_ms=60_000, channel=invalidation_channel(prefix)
-        )
-        try:
-            return await body(CacheClient(client, prefix=prefix, lease_ttl_ms=2_000), tier)
-        finally:
-            await tier.close()
-            await client.aclose()
-
-    return asyncio.run(main())
+    """``body(client, tier)``: a client with 2 s leases and the tier, under a fresh prefix."""
+    return run_client_and_tier(redis_url, lambda client, tier, _: body(client, tier), lease_ttl_ms=2_000)
 
 
 def W(key: str, version: int, value: bytes) -> CacheAction:

@@ -1,7 +1,7 @@
 """The same row changes, once as freshkey's own events and once as Debezium events, cached alike.
 
 The real connector and worker (cache A) stream a table of every column type through updates, a primary
-key change and deletes. From the same binlog rows, :class:`tests.unit.schemas.test_debezium.DebeziumEncoder`
+key change and deletes. From the same binlog rows, :class:`tests.support.debezium.DebeziumEncoder`
 writes the Debezium MySQL messages the documentation describes (``source.pos`` at the rows event's
 start, deletes followed by tombstones, a key change as delete + tombstone + create), which
 ``schemas.debezium.decode_any`` decodes (the first test hands the decoded events to a second real worker
@@ -15,12 +15,7 @@ caches still equal the database.
 from __future__ import annotations
 
 import asyncio
-import os
 import re
-import signal
-import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -30,29 +25,30 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 from confluent_kafka import Producer
-from pymysqlreplication import BinLogStreamReader
-from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
+from pymysqlreplication.row_event import UpdateRowsEvent, WriteRowsEvent
 
 from cache_writer.entries import Entry, read_namespace
 from connectors.database import column_types
 from pipeline.demo.catchup import fetch_stats
-from pipeline.embedded import free_port, preexec_die_with_parent
+from pipeline.embedded import free_port
+from pipeline.embedded.process import terminate
 from schemas import ChangeEvent, decode, encode, message_key
 from schemas.debezium import DebeziumOptions, DebeziumTopics, Skip, decode_any
 from schemas.values import ColumnType, binlog_column_types, binlog_row_to_json
-from tests.integration.test_types import (
-    ROWS,
-    _connection,
-    _create,
-    _matrix,
-    _mismatches,
-    _row_sql,
-    _settings,
-    _wait_equal,
-)
+from tests.support.debezium import DebeziumEncoder
 from tests.support.kafka import create_topics, read_topic
 from tests.support.pipeline import Pipeline
-from tests.unit.schemas.test_debezium import DebeziumEncoder
+from tests.support.processes import start_freshkey, wait_for_stats
+from tests.support.type_matrix import (
+    ROWS,
+    admin_settings,
+    binlog_stream,
+    create_table,
+    matrix_of,
+    mismatches,
+    row_sql,
+    wait_equal,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -100,32 +96,11 @@ class SecondWorker:
             **extra_env,
         }
         create_topics(p.kafka, {self.topic: 3})
-        with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "pipeline", "worker"],
-                env=self.env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                preexec_fn=preexec_die_with_parent(),
-            )
-        deadline = time.monotonic() + 60
-        while fetch_stats(f"http://127.0.0.1:{self.port}/freshkey/stats") is None:
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(
-                    "worker B did not start:\n" + self.log.read_text(errors="replace")[-4000:]
-                )
-            time.sleep(0.1)
+        self.proc = start_freshkey(["worker"], self.env, self.log)
+        wait_for_stats(self.proc, self.port, self.log)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        terminate(self.proc, timeout=30)
 
 
 @pytest.fixture
@@ -156,18 +131,8 @@ def debezium_messages(p: Pipeline, start: tuple[str, int], encoder: DebeziumEnco
     """The Debezium messages of every change to ``assets`` from ``start`` to the binlog's end, built
     from the binlog rows the documented way (see the module docstring)."""
     mysql = p.mysql
-    stream = BinLogStreamReader(
-        connection_settings=_connection(mysql),
-        server_id=40_000 + uuid.uuid4().int % 10_000,
-        log_file=start[0],
-        log_pos=start[1],
-        resume_stream=True,
-        blocking=False,
-        only_events=[WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent],
-        only_schemas=[p.database],
-        only_tables=["assets"],
-    )
-    refine = column_types(_settings(mysql), p.database, "assets")
+    stream = binlog_stream(mysql, start, p.database, "assets")
+    refine = column_types(admin_settings(mysql), p.database, "assets")
     messages: list[Message] = []
     try:
         for event in stream:
@@ -251,7 +216,7 @@ def translate(p: Pipeline, messages: list[Message]) -> tuple[list[Message], int]
 
     def lookup(db: str, table: str) -> dict[str, ColumnType]:
         if (db, table) not in types:
-            types[db, table] = column_types(_settings(p.mysql), db, table)
+            types[db, table] = column_types(admin_settings(p.mysql), db, table)
         return types[db, table]
 
     topic = f"{PREFIX}.{p.database}.assets"
@@ -275,11 +240,11 @@ def produce(bootstrap: str, topic: str, messages: list[Message]) -> None:
 
 
 def _wait_cache(p: Pipeline, cache: Cache, deleted: set[int], timeout: float = 60) -> None:
-    """Like test_types._wait_equal, for a cache under another prefix."""
+    """Like ``tests.support.type_matrix.wait_equal``, for a cache under another prefix."""
     original = p.prefix
     p.prefix = cache.prefix
     try:
-        _wait_equal(p, deleted, timeout)
+        wait_equal(p, deleted, timeout)
     finally:
         p.prefix = original
 
@@ -310,8 +275,8 @@ def test_freshkey_and_debezium_events_of_the_same_changes_give_the_same_cache(
     make_pipeline: Callable[..., Pipeline], second_worker: Callable[..., SecondWorker]
 ) -> None:
     p = make_pipeline(value_columns=False)
-    matrix = _matrix(p)
-    _create(p, matrix)
+    matrix = matrix_of(p)
+    create_table(p, matrix)
     p.start("connector")
     p.start("worker")
     b = second_worker(p)
@@ -321,14 +286,14 @@ def test_freshkey_and_debezium_events_of_the_same_changes_give_the_same_cache(
 
     # Batch 1: writes, updates of every column, a primary key change, deletes.
     for row in range(ROWS):
-        p.sql(f"INSERT INTO {p.database}.assets VALUES ({row + 1}, {_row_sql(matrix, row)})")
+        p.sql(f"INSERT INTO {p.database}.assets VALUES ({row + 1}, {row_sql(matrix, row)})")
     for row in range(ROWS):
         assignments = ", ".join(f"`{n}` = {values[(row + 1) % ROWS]}" for n, _, values in matrix)
         p.sql(f"UPDATE {p.database}.assets SET {assignments} WHERE id = {row + 1}")
     p.sql(f"UPDATE {p.database}.assets SET id = 50 WHERE id = 5")
     p.sql(f"DELETE FROM {p.database}.assets WHERE id IN (2, 3)")
     deleted = {2, 3, 5}
-    _wait_equal(p, deleted)
+    wait_equal(p, deleted)
 
     own = freshkey_messages(p, expect=2 * ROWS + 2 + 2)
     dbz = debezium_messages(p, start, DebeziumEncoder())
@@ -338,7 +303,7 @@ def test_freshkey_and_debezium_events_of_the_same_changes_give_the_same_cache(
     _wait_cache(p, cache_b, deleted)
     entries, tombstones = _same_caches(cache_a, cache_b)
     assert (entries, tombstones) == (ROWS + 1, 3)
-    assert not _mismatches(p, deleted)
+    assert not mismatches(p, deleted)
 
     # Batch 2, across a cut: the same rows change on both sides of it.
     before_batch = p.master_position()
@@ -349,7 +314,7 @@ def test_freshkey_and_debezium_events_of_the_same_changes_give_the_same_cache(
     p.sql(f"DELETE FROM {p.database}.assets WHERE id = 8")
     p.sql(f"UPDATE {p.database}.assets SET id = 9 WHERE id = 7")
     deleted |= {7, 8}
-    _wait_equal(p, deleted)
+    wait_equal(p, deleted)
     own_2 = [m for m in freshkey_messages(p, expect=len(own) + 10) if m.end > before_batch[1]]
     raw_2 = debezium_messages(p, before_batch, DebeziumEncoder())
     dbz_2, skipped_2 = translate(p, raw_2)
@@ -376,7 +341,7 @@ def test_freshkey_and_debezium_events_of_the_same_changes_give_the_same_cache(
     produce(p.kafka, b.topic, own + own_2)
     p.wait(lambda: _changes_seen(url_b) >= seen_b + len(own) + len(own_2), 60, "B to take the replays")
     _wait_cache(p, cache_b, deleted)
-    assert not _mismatches(p, deleted)
+    assert not mismatches(p, deleted)
     entries, tombstones = _same_caches(cache_a, cache_b)
     print(
         f"\nfreshkey vs Debezium: {len(own) + len(own_2)} freshkey events, {len(dbz) + len(raw_2)} "
@@ -392,8 +357,8 @@ def test_a_worker_reads_debezium_topics_directly(
     documented messages themselves, tombstones included, and builds the same cache as freshkey's own
     connector and worker."""
     p = make_pipeline(value_columns=False)
-    matrix = _matrix(p)
-    _create(p, matrix)
+    matrix = matrix_of(p)
+    create_table(p, matrix)
     p.start("connector")
     p.start("worker")
     topic = f"{PREFIX}.{p.database}.assets"
@@ -406,11 +371,11 @@ def test_a_worker_reads_debezium_topics_directly(
     )
     start = p.master_position()
     for row in range(ROWS):
-        p.sql(f"INSERT INTO {p.database}.assets VALUES ({row + 1}, {_row_sql(matrix, row)})")
+        p.sql(f"INSERT INTO {p.database}.assets VALUES ({row + 1}, {row_sql(matrix, row)})")
     p.sql(f"UPDATE {p.database}.assets SET id = 50 WHERE id = 5")
     p.sql(f"DELETE FROM {p.database}.assets WHERE id IN (2, 3)")
     deleted = {2, 3, 5}
-    _wait_equal(p, deleted)
+    wait_equal(p, deleted)
     messages = debezium_messages(p, start, DebeziumEncoder())
     assert any(m.value is None for m in messages), "the deletes' tombstones are among them"
     produce(p.kafka, topic, messages)

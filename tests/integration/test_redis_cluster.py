@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
 import random
 import time
 import uuid
@@ -27,17 +26,17 @@ from redis.cluster import ClusterNode as SyncClusterNode
 from redis.exceptions import AskError, ClusterError, MovedError
 
 from cache_writer import CacheAction, Outcome, RedisTier
-from cache_writer.entries import Entry, parse_entry, read_namespace
+from cache_writer.entries import Entry, read_namespace
 from cache_writer.layout import namespace_pattern
 from cache_writer.redis import scripts
 from cache_writer.redis.pipeline import RedirectStats, run_pipeline, run_pipeline_sync
 from cache_writer.redis.tier import connect
 from cache_writer.settings import RedisSettings
-from pipeline.embedded import MissingBinaryError
-from pipeline.embedded import process as local_services
-from tests.conftest import RedisClusterService
-from tests.integration.test_redis_tier import EXPECTED, SCENARIOS, D, W, naive_apply
+from tests.support.cas import SCENARIOS, D, W, check_scenario, read_entry, shuffled_batches
+from tests.support.processes import gone
 from tests.support.redis_cluster import LocalRedisCluster
+from tests.support.services import RedisClusterService
+from tests.support.slots import Migration, node_admin
 
 pytestmark = pytest.mark.integration
 
@@ -57,15 +56,6 @@ def run(
     return asyncio.run(main())
 
 
-async def _entry(client: aioredis.RedisCluster, key: str) -> Entry | None:
-    return parse_entry(key, await client.hgetall(key))  # type: ignore[arg-type]
-
-
-def _admin(name: str) -> redis.Redis:
-    host, port = name.rsplit(":", 1)
-    return redis.Redis(host=host, port=int(port), socket_timeout=10)
-
-
 def _namespaces_per_node(client: aioredis.RedisCluster, per_node: int = 1) -> dict[str, list[str]]:
     """Fresh namespace names, ``per_node`` of them on each primary (by their hash tag's slot)."""
     found: dict[str, list[str]] = {node.name: [] for node in client.get_primaries()}
@@ -83,23 +73,7 @@ def _namespaces_per_node(client: aioredis.RedisCluster, per_node: int = 1) -> di
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_versions_only_go_forward_on_a_cluster(redis_cluster: RedisClusterService, name: str) -> None:
-    key = f"test:{{{uuid.uuid4().hex}}}:1"
-    actions = [CacheAction(a.kind, key, a.version, a.commit_ts_us, a.value) for a in SCENARIOS[name]]
-    naive_key = key + ":naive"
-    naive_actions = [CacheAction(a.kind, naive_key, a.version, a.commit_ts_us, a.value) for a in actions]
-
-    async def body(
-        tier: RedisTier, client: aioredis.RedisCluster
-    ) -> tuple[Entry | None, Entry | None, list[Outcome]]:
-        results = await tier.apply(actions)
-        await naive_apply(client, naive_actions)  # type: ignore[arg-type]
-        return await _entry(client, key), await _entry(client, naive_key), [r.outcome for r in results]
-
-    entry, naive, outcomes = run(redis_cluster, body)
-    version, value = EXPECTED[name]
-    assert entry is not None and (entry.version, entry.value) == (version, value)
-    assert outcomes[-1] is Outcome.NOT_NEWER
-    assert naive is None or (naive.version, naive.value) != (version, value), "the naive writer goes wrong"
+    run(redis_cluster, lambda tier, client: check_scenario(tier, client, name))
 
 
 def test_concurrent_batches_spanning_every_node_end_at_the_newest_version(
@@ -110,18 +84,11 @@ def test_concurrent_batches_spanning_every_node_end_at_the_newest_version(
     async def body(tier: RedisTier, client: aioredis.RedisCluster) -> list[Entry | None]:
         namespaces = [ns for names in _namespaces_per_node(client, 2).values() for ns in names]
         keys = [f"test:{{{ns}}}:{i}" for ns in namespaces for i in range(5)]
-        rng = random.Random(7)
-        batches: list[list[CacheAction]] = [[] for _ in range(8)]
-        for key in keys:
-            for version in range(1, 31):
-                action = D(key, version) if version % 7 == 0 else W(key, version, b"v%d" % version)
-                rng.choice(batches).append(action)
-        for batch in batches:
-            rng.shuffle(batch)
+        batches = shuffled_batches(keys, 30, seed=7)
         await asyncio.gather(*(tier.apply(batch) for batch in batches))
         big = f"test:{{{namespaces[0]}}}:big"
         await tier.apply([W(big, 2**64 - 1, b"max"), W(big, 2**64 - 2, b"older")])
-        return [await _entry(client, key) for key in [*keys, big]]
+        return [await read_entry(client, key) for key in [*keys, big]]
 
     *entries, big = run(redis_cluster, body)
     for entry in entries:
@@ -138,7 +105,7 @@ def test_connect_from_settings_gives_a_cluster_client(redis_cluster: RedisCluste
         try:
             await tier.load_scripts()
             await tier.apply([W(key, 3, b"x")])
-            return isinstance(tier.client, aioredis.RedisCluster), await _entry(tier.client, key)  # type: ignore[arg-type]
+            return isinstance(tier.client, aioredis.RedisCluster), await read_entry(tier.client, key)  # type: ignore[arg-type]
         finally:
             await tier.close()
 
@@ -242,7 +209,7 @@ def test_invalidating_a_key_still_on_a_migrating_slots_source(redis_cluster: Red
         migration.begin()
         try:
             results = await tier.apply([D(k, 2) for k in keys])
-            entry = await _entry(client, keys[0])
+            entry = await read_entry(client, keys[0])
         finally:
             migration.finish()
         return [r.outcome for r in results], entry
@@ -253,71 +220,6 @@ def test_invalidating_a_key_still_on_a_migrating_slots_source(redis_cluster: Red
 
 
 # --- slot migration under load -------------------------------------------------------------------------
-
-
-@dataclass
-class Migration:
-    """Moves one slot from its node to another with the commands ``redis-cli --cluster reshard`` uses."""
-
-    slot: int
-    source: str
-    target: str
-    nodes: list[str]
-    moved_keys: int = 0
-
-    @classmethod
-    def plan(cls, client: aioredis.RedisCluster, key: str, target: str | None = None) -> Migration:
-        slot = client.keyslot(key)
-        source = client.get_node_from_key(key)
-        assert source is not None
-        nodes = [node.name for node in client.get_primaries()]
-        if target is None:
-            target = next(name for name in nodes if name != source.name)
-        return cls(slot, source.name, target, sorted({*nodes, target}))
-
-    def source_client(self) -> aioredis.Redis:
-        host, port = self.source.rsplit(":", 1)
-        return aioredis.Redis(host=host, port=int(port))
-
-    def _id(self, name: str) -> str:
-        with _admin(name) as admin:
-            return str(admin.execute_command("CLUSTER", "MYID").decode())
-
-    def begin(self) -> None:
-        with _admin(self.target) as target:
-            target.execute_command("CLUSTER", "SETSLOT", self.slot, "IMPORTING", self._id(self.source))
-        with _admin(self.source) as source:
-            source.execute_command("CLUSTER", "SETSLOT", self.slot, "MIGRATING", self._id(self.target))
-
-    def move_keys(self, batch: int = 4, pause_s: float = 0.0, limit: int | None = None) -> None:
-        host, port = self.target.rsplit(":", 1)
-        with _admin(self.source) as source:
-            while limit is None or self.moved_keys < limit:
-                size = batch if limit is None else min(batch, limit - self.moved_keys)
-                keys = source.execute_command("CLUSTER", "GETKEYSINSLOT", self.slot, size)
-                if not keys:
-                    return
-                source.execute_command("MIGRATE", host, int(port), "", 0, 5000, "KEYS", *keys)
-                self.moved_keys += len(keys)
-                time.sleep(pause_s)
-
-    def finish(self) -> None:
-        """Give the slot to the target: on the target first, then the source, then every other node."""
-        self.move_keys()
-        target_id = self._id(self.target)
-        order = [self.target, self.source, *(n for n in self.nodes if n not in (self.target, self.source))]
-        for name in order:
-            with _admin(name) as admin:
-                admin.execute_command("CLUSTER", "SETSLOT", self.slot, "NODE", target_id)
-
-    def owner_seen_by_every_node(self) -> set[str]:
-        owners = set()
-        for name in self.nodes:
-            with _admin(name) as admin:
-                for first, last, master, *_ in admin.execute_command("CLUSTER", "SLOTS"):
-                    if int(first) <= self.slot <= int(last):
-                        owners.add(f"{master[0].decode()}:{int(master[1])}")
-        return owners
 
 
 Apply = Callable[[list[CacheAction]], Awaitable[Any]]
@@ -391,7 +293,7 @@ async def _migrate_under_load(
 
     await asyncio.gather(migrate(), *(writer() for _ in range(writers)))
     for k in keys:
-        report.final[k] = await _entry(client, k)
+        report.final[k] = await read_entry(client, k)
     return report, migration
 
 
@@ -549,17 +451,6 @@ def test_a_script_flush_on_one_node_is_recovered_on_that_node(redis_cluster: Red
 # --- the harness's LocalRedisCluster -------------------------------------------------------------------
 
 
-def _gone(pid: int, within: float = 5.0) -> bool:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def test_local_redis_cluster_starts_over_a_stale_workdir_and_stops_every_node(tmp_path: Path) -> None:
     stale = tmp_path / "node-0"
     stale.mkdir()
@@ -568,26 +459,15 @@ def test_local_redis_cluster_starts_over_a_stale_workdir_and_stops_every_node(tm
     try:
         assert len(cluster.nodes) == 2 and cluster.running
         assert cluster.url == f"redis://{cluster.nodes[0]}/0"
-        with _admin(cluster.nodes[1]) as admin:
+        with node_admin(cluster.nodes[1]) as admin:
             info = admin.execute_command("CLUSTER", "INFO").decode()
         assert "cluster_state:ok" in info and "cluster_known_nodes:2" in info
         pids = cluster.pids
     finally:
         cluster.stop()
-    assert all(_gone(pid) for pid in pids), pids
+    assert all(gone(pid) for pid in pids), pids
     assert not cluster.running
     assert (tmp_path / "node-0" / "nodes.conf").is_file(), "a workdir passed in is kept"
-
-
-def test_local_redis_cluster_without_redis_server_names_the_install_command(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(local_services.shutil, "which", lambda *_a, **_k: None)
-    cluster = LocalRedisCluster()
-    with pytest.raises(MissingBinaryError, match="apt-get update && apt-get install -y redis-server"):
-        cluster.start()
-    with pytest.raises(RuntimeError, match="not started"):
-        _ = cluster.workdir
 
 
 def test_the_blocking_pipeline_recovers_a_script_flush_on_one_node_the_same_way(

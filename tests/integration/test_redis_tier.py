@@ -3,42 +3,22 @@
 from __future__ import annotations
 
 import asyncio
-import random
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 
-from cache_writer import CacheAction, Outcome, RedisTier, TierUnavailableError
-from cache_writer.entries import Entry, parse_entry
+from cache_writer import Outcome, RedisTier
+from cache_writer.entries import Entry
 from cache_writer.hotness import HitRecorder
 from cache_writer.layout import entry_key, latest_verification_key, signature_key
 from cache_writer.signatures import SignatureRecord
 from schemas.model_updates import SemVer, signature_order
+from tests.support.cas import SCENARIOS, D, W, check_scenario, read_entry, shuffled_batches
 
 pytestmark = pytest.mark.integration
-
-
-def W(key: str, version: int, value: bytes) -> CacheAction:
-    return CacheAction("write", key, version, 1, value)
-
-
-def D(key: str, version: int) -> CacheAction:
-    return CacheAction("invalidate", key, version, 1)
-
-
-async def naive_apply(client: aioredis.Redis, actions: Sequence[CacheAction]) -> None:
-    """Protection off: what a writer without version checks does."""
-    for a in actions:
-        if a.kind == "write":
-            await client.hset(a.key, mapping={"v": a.version, "d": a.value or b""})
-            await client.hdel(a.key, "tomb")
-        else:
-            await client.delete(a.key)
 
 
 def run(redis_url: str, body: Callable[[RedisTier, aioredis.Redis], Awaitable[Any]]) -> Any:
@@ -53,45 +33,9 @@ def run(redis_url: str, body: Callable[[RedisTier, aioredis.Redis], Awaitable[An
     return asyncio.run(main())
 
 
-async def _entry(client: aioredis.Redis, key: str) -> Entry | None:
-    return parse_entry(key, await client.hgetall(key))
-
-
-SCENARIOS = {
-    "replayed older write": [W("k", 2, b"new"), W("k", 1, b"old")],
-    "reordered writes": [W("k", 3, b"newest"), W("k", 2, b"older"), W("k", 1, b"oldest")],
-    "late write after delete": [W("k", 1, b"v1"), D("k", 3), W("k", 2, b"v2")],
-    "replayed insert after delete": [W("k", 1, b"v1"), D("k", 2), W("k", 1, b"v1")],
-}
-EXPECTED = {
-    "replayed older write": (2, b"new"),
-    "reordered writes": (3, b"newest"),
-    "late write after delete": (3, None),
-    "replayed insert after delete": (2, None),
-}
-
-
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_versions_only_go_forward_and_a_naive_writer_goes_back(redis_url: str, name: str) -> None:
-    key = f"test:{{{uuid.uuid4().hex}}}:1"
-    actions = [CacheAction(a.kind, key, a.version, a.commit_ts_us, a.value) for a in SCENARIOS[name]]
-    naive_key = key + ":naive"
-    naive_actions = [CacheAction(a.kind, naive_key, a.version, a.commit_ts_us, a.value) for a in actions]
-
-    async def body(
-        tier: RedisTier, client: aioredis.Redis
-    ) -> tuple[Entry | None, Entry | None, list[Outcome]]:
-        results = await tier.apply(actions)
-        await naive_apply(client, naive_actions)
-        return await _entry(client, key), await _entry(client, naive_key), [r.outcome for r in results]
-
-    entry, naive, outcomes = run(redis_url, body)
-    version, value = EXPECTED[name]
-    assert entry is not None and (entry.version, entry.value) == (version, value)
-    assert outcomes[-1] is Outcome.NOT_NEWER
-    assert naive is None or (naive.version, naive.value) != (version, value), (
-        "the naive writer should go wrong"
-    )
+    run(redis_url, lambda tier, client: check_scenario(tier, client, name))
 
 
 def test_versions_compare_as_64_bit_integers_not_strings_or_doubles(redis_url: str) -> None:
@@ -103,7 +47,7 @@ def test_versions_compare_as_64_bit_integers_not_strings_or_doubles(redis_url: s
             [W(key, 9, b"a"), W(key, 10, b"b"), W(key, big - 1, b"c"), W(key, big, b"d")]
         )
         results += await tier.apply([W(key, big - 1, b"e"), W(key, 99, b"f")])
-        return [r.outcome for r in results], await _entry(client, key)
+        return [r.outcome for r in results], await read_entry(client, key)
 
     outcomes, entry = run(redis_url, body)
     assert outcomes == [Outcome.APPLIED] * 4 + [Outcome.NOT_NEWER] * 2
@@ -116,7 +60,7 @@ def test_scripts_reload_after_a_script_flush(redis_url: str) -> None:
     async def body(tier: RedisTier, client: aioredis.Redis) -> Entry | None:
         await client.script_flush()
         await tier.apply([W(key, 1, b"x")])
-        return await _entry(client, key)
+        return await read_entry(client, key)
 
     entry = run(redis_url, body)
     assert entry is not None and entry.value == b"x"
@@ -124,18 +68,11 @@ def test_scripts_reload_after_a_script_flush(redis_url: str) -> None:
 
 def test_concurrent_writers_in_any_order_end_at_the_newest_version(redis_url: str) -> None:
     keys = [f"test:{{{uuid.uuid4().hex}}}:{i}" for i in range(20)]
-    rng = random.Random(5)
-    batches: list[list[CacheAction]] = [[] for _ in range(8)]
-    for key in keys:
-        for version in range(1, 41):
-            action = D(key, version) if version % 7 == 0 else W(key, version, b"v%d" % version)
-            rng.choice(batches).append(action)
-    for batch in batches:
-        rng.shuffle(batch)
+    batches = shuffled_batches(keys, 40, seed=5)
 
     async def body(tier: RedisTier, client: aioredis.Redis) -> list[Entry | None]:
         await asyncio.gather(*(tier.apply(batch) for batch in batches))
-        return [await _entry(client, key) for key in keys]
+        return [await read_entry(client, key) for key in keys]
 
     for entry in run(redis_url, body):
         assert entry is not None and entry.version == 40 and entry.value == b"v40"
@@ -205,27 +142,3 @@ def test_hit_counts_are_read_in_a_consumer_group_and_acknowledged(redis_url: str
         assert (await client.xpending(f"{prefix}:hits", "g"))["pending"] == 0
 
     run(redis_url, body)
-
-
-def test_every_tier_operation_says_the_tier_is_unavailable_when_redis_does_not_answer() -> None:
-    async def main() -> list[str]:
-        nothing_there = aioredis.Redis(port=1, socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0))
-        tier = RedisTier(nothing_there, tombstone_ttl_ms=1, name="l9")
-        calls = [
-            tier.ping(),
-            tier.apply([W("k", 1, b"v")]),
-            tier.read_entries(["k"]),
-            tier.get("k"),
-            tier.read_signatures("fk", ["a"]),
-            tier.fence_namespace("fk", "a", value_columns=["x"]),
-            tier.read_hits("fk", "g", "c"),
-        ]
-        names = []
-        for call in calls:
-            with pytest.raises(TierUnavailableError) as raised:
-                await call
-            names.append(raised.value.tier)
-        await tier.close()
-        return names
-
-    assert asyncio.run(main()) == ["l9"] * 7
