@@ -18,43 +18,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from urllib.parse import unquote, urlparse
 
-import pymysql
 import pytest
-import redis.asyncio as aioredis
-from redis.asyncio.cluster import ClusterNode
 
-from pipeline.embedded import LocalKafka, LocalMariaDB, LocalRedis, MissingBinaryError, ServiceStartError
+from pipeline.embedded import LocalKafka, LocalMariaDB, LocalRedis
 from tests.support.redis_cluster import LocalRedisCluster
+from tests.support.services import MySQLService, RedisClusterService, running
 
-
-@dataclass(frozen=True)
-class MySQLService:
-    host: str
-    port: int
-    admin_user: str
-    admin_password: str
-    user: str
-    password: str
-
-    def connect(self, database: str | None = None) -> pymysql.connections.Connection:  # type: ignore[type-arg]
-        return pymysql.connect(
-            host=self.host,
-            port=self.port,
-            user=self.admin_user,
-            password=self.admin_password,
-            database=database,
-            autocommit=True,
-        )
-
-
-def _start(service: LocalMariaDB | LocalRedis | LocalKafka) -> None:
-    try:
-        service.start()
-    except (MissingBinaryError, ServiceStartError) as exc:
-        pytest.fail(f"cannot start {type(service).__name__}: {exc}", pytrace=False)
+__all__ = ["MySQLService", "RedisClusterService"]  # where the tests used to import them from
 
 
 @pytest.fixture(scope="session")
@@ -65,14 +37,8 @@ def mysql_service() -> Iterator[MySQLService]:
         user, password = unquote(url.username or "root"), unquote(url.password or "")
         yield MySQLService(url.hostname or "127.0.0.1", url.port or 3306, user, password, user, password)
         return
-    server = LocalMariaDB()
-    _start(server)
-    try:
-        yield MySQLService(
-            server.host, server.port, server.admin_user, server.admin_password, server.user, server.password
-        )
-    finally:
-        server.stop()
+    with running(LocalMariaDB()) as server:
+        yield MySQLService.of(server)
 
 
 @pytest.fixture(scope="session")
@@ -81,12 +47,8 @@ def redis_url() -> Iterator[str]:
     if external:
         yield external
         return
-    server = LocalRedis()
-    _start(server)
-    try:
+    with running(LocalRedis()) as server:
         yield server.url
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="session")
@@ -95,37 +57,8 @@ def kafka_bootstrap() -> Iterator[str]:
     if external:
         yield external
         return
-    server = LocalKafka()
-    _start(server)
-    try:
+    with running(LocalKafka()) as server:
         yield server.bootstrap
-    finally:
-        server.stop()
-
-
-# --- Redis Cluster ---------------------------------------------------------------------------------------
-
-
-@dataclass
-class RedisClusterService:
-    """A Redis Cluster for the tests: ``FRESHKEY_TEST_REDIS_CLUSTER`` (comma-separated ``host:port`` seeds,
-    e.g. ``127.0.0.1:7000,127.0.0.1:7001``) or a private LocalRedisCluster of 3 masters.
-
-    ``url`` and ``FRESHKEY_REDIS_CLUSTER=true`` are what freshkey's settings take; ``local`` is the
-    private cluster (None for an external one), which can grow (``add_node``).
-    """
-
-    seeds: tuple[str, ...]
-    local: LocalRedisCluster | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://{self.seeds[0]}/0"
-
-    def client(self) -> aioredis.RedisCluster:
-        """A new asyncio cluster client (the caller closes it)."""
-        nodes = [ClusterNode(host, int(port)) for host, port in (s.rsplit(":", 1) for s in self.seeds)]
-        return aioredis.RedisCluster(startup_nodes=nodes, decode_responses=False)
 
 
 @pytest.fixture(scope="session")
@@ -134,12 +67,5 @@ def redis_cluster() -> Iterator[RedisClusterService]:
     if external:
         yield RedisClusterService(tuple(s.strip() for s in external.split(",") if s.strip()))
         return
-    server = LocalRedisCluster(masters=3)
-    try:
-        server.start()
-    except (MissingBinaryError, ServiceStartError) as exc:
-        pytest.fail(f"cannot start LocalRedisCluster: {exc}", pytrace=False)
-    try:
+    with running(LocalRedisCluster(masters=3)) as server:
         yield RedisClusterService(tuple(server.nodes), server)
-    finally:
-        server.stop()

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.embedded import preexec_die_with_parent
+from pipeline.embedded.process import terminate
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _MIB = 1024 * 1024
@@ -206,15 +207,7 @@ class FreshkeyProcess:
             return
         self.stopping = True
         self.thaw()
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        terminate(proc, timeout_s)
 
 
 def wait_until(

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import MySQLService
 from tests.support.pipeline import Pipeline
+from tests.support.services import MySQLService
 
 
 @pytest.fixture

@@ -25,15 +25,13 @@ from pipeline.demo.catchup import connector_reached
 from pipeline.embedded import (
     LocalKafka,
     LocalMariaDB,
-    MissingBinaryError,
-    ServiceStartError,
     free_port,
-    preexec_die_with_parent,
 )
 from schemas import ChangeEvent, DdlEvent, decode
-from tests.conftest import MySQLService
 from tests.support.kafka import read_topic
 from tests.support.pipeline import Pipeline
+from tests.support.processes import start_freshkey
+from tests.support.services import MySQLService, running
 
 pytestmark = pytest.mark.integration
 
@@ -78,41 +76,16 @@ def ids(events: list[ChangeEvent | DdlEvent]) -> set[int]:
     return {int(e.key["id"]) for e in events if isinstance(e, ChangeEvent)}
 
 
-def private(service: LocalMariaDB | LocalKafka) -> None:
-    try:
-        service.start()
-    except (MissingBinaryError, ServiceStartError) as exc:
-        pytest.fail(f"cannot start {type(service).__name__}: {exc}", pytrace=False)
-
-
 @pytest.fixture
 def private_mysql() -> Iterator[tuple[LocalMariaDB, MySQLService]]:
-    server = LocalMariaDB()
-    private(server)
-    try:
-        yield (
-            server,
-            MySQLService(
-                server.host,
-                server.port,
-                server.admin_user,
-                server.admin_password,
-                server.user,
-                server.password,
-            ),
-        )
-    finally:
-        server.stop()
+    with running(LocalMariaDB()) as server:
+        yield server, MySQLService.of(server)
 
 
 @pytest.fixture
 def private_kafka() -> Iterator[LocalKafka]:
-    server = LocalKafka()
-    private(server)
-    try:
+    with running(LocalKafka()) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture
@@ -121,6 +94,21 @@ def pipelines() -> Iterator[list[Pipeline]]:
     yield made
     for p in made:
         p.close()
+
+
+@pytest.fixture
+def on_private_mysql(
+    private_mysql: tuple[LocalMariaDB, MySQLService],
+    kafka_bootstrap: str,
+    redis_url: str,
+    tmp_path: Path,
+    pipelines: list[Pipeline],
+) -> tuple[LocalMariaDB, MySQLService, Pipeline]:
+    """A pipeline on a private database (which the test may halt), the session's broker and Redis."""
+    server, mysql = private_mysql
+    p = Pipeline(mysql, kafka_bootstrap, redis_url, tmp_path, version_column=False)
+    pipelines.append(p)
+    return server, mysql, p
 
 
 # --- oversized rows ------------------------------------------------------------------------------------
@@ -168,15 +156,9 @@ def test_a_2mb_row_becomes_an_invalidation_and_the_next_rows_flow(
 
 
 def test_the_connector_rides_out_a_database_restart(
-    private_mysql: tuple[LocalMariaDB, MySQLService],
-    kafka_bootstrap: str,
-    redis_url: str,
-    tmp_path: Path,
-    pipelines: list[Pipeline],
+    on_private_mysql: tuple[LocalMariaDB, MySQLService, Pipeline],
 ) -> None:
-    server, mysql = private_mysql
-    p = Pipeline(mysql, kafka_bootstrap, redis_url, tmp_path, version_column=False)
-    pipelines.append(p)
+    server, mysql, p = on_private_mysql
     metrics_port = free_port()
     p.start("connector", FRESHKEY_TELEMETRY_CONNECTOR_PROMETHEUS_PORT=str(metrics_port), **FAST_RETRY)
     p.start("worker")
@@ -300,15 +282,9 @@ def _purge_through(mysql: MySQLService, file: str) -> tuple[str, ...]:
 
 
 def test_a_purged_binlog_stops_the_connector_with_the_way_on_and_accept_gap_fences_first(
-    private_mysql: tuple[LocalMariaDB, MySQLService],
-    kafka_bootstrap: str,
-    redis_url: str,
-    tmp_path: Path,
-    pipelines: list[Pipeline],
+    on_private_mysql: tuple[LocalMariaDB, MySQLService, Pipeline], tmp_path: Path
 ) -> None:
-    _, mysql = private_mysql
-    p = Pipeline(mysql, kafka_bootstrap, redis_url, tmp_path, version_column=False)
-    pipelines.append(p)
+    _, mysql, p = on_private_mysql
     p.start("connector")
     p.sql(ROW, (1, "read before the purge"))
     store = CheckpointStore(p.checkpoint_path)
@@ -338,16 +314,7 @@ def test_a_purged_binlog_stops_the_connector_with_the_way_on_and_accept_gap_fenc
 
     # --accept-gap: fence first, then continue from the current position.
     log_path = tmp_path / "connector.accept-gap.log"
-    with log_path.open("wb") as out:
-        p.procs["connector"] = subprocess.Popen(
-            [sys.executable, "-m", "pipeline", "connector", "--accept-gap"],
-            env=p.env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            preexec_fn=preexec_die_with_parent(),
-        )
+    p.procs["connector"] = start_freshkey(["connector", "--accept-gap"], p.env, log_path)
     p.wait(lambda: "connector reading" in log_path.read_text(errors="replace"), 60, "the connector to start")
     p.sql(ROW, (3, "after the accepted gap"))
     events = changes_on_topic(p, expect=2)

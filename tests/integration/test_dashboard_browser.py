@@ -15,8 +15,6 @@ browser test would look like a passing one.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import time
 import urllib.error
 import urllib.request
@@ -28,38 +26,19 @@ import pytest
 
 from cache_writer.layout import latest_verification_key
 from pipeline.verify.judge import Verification, VerifyReport
-from pipeline.web import OPTIONAL_ROUTES
+from tests.support.browser import (
+    CHROMIUM_ARGS,
+    EXPECTED_404_PATHS,
+    chromium,
+    playwright_or_fail,
+    watch_console,
+)
 from tests.support.pipeline import Pipeline
 
 pytestmark = pytest.mark.integration
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOT = REPO_ROOT / "artifacts" / "dashboard.png"
-CHROMIUM = os.environ.get("FRESHKEY_CHROMIUM", "/usr/bin/chromium")
-INSTALL_CHROMIUM = "apt-get update && apt-get install -y chromium"
-# SERVICES.md: how Debian's chromium runs here. Playwright adds --headless and a fresh temporary
-# --user-data-dir itself (it refuses one in args).
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-# The optional routes answer 404 by design until there is something to show ("no verification yet");
-# Chromium logs each such response as a console error. Those, and only those, are expected.
-EXPECTED_404_PATHS = tuple(OPTIONAL_ROUTES.values())
-
-
-def _chromium() -> str:
-    path = shutil.which(CHROMIUM) or (CHROMIUM if os.access(CHROMIUM, os.X_OK) else None)
-    if path is None:
-        pytest.fail(
-            f"chromium is not installed ({CHROMIUM} not found); install it with: {INSTALL_CHROMIUM}\n"
-            "(or point FRESHKEY_CHROMIUM at a chromium binary)"
-        )
-    return path
 
 
 def _get(url: str) -> tuple[int, Any]:
@@ -135,11 +114,8 @@ def _figures_at_one_moment(page: Any, base: str, p: Pipeline) -> dict[str, Any]:
 def test_dashboard_shows_live_data_in_a_real_browser(
     make_pipeline: Callable[..., Pipeline], record_property: Callable[[str, object], None]
 ) -> None:
-    chromium = _chromium()
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.fail("Playwright is not installed: pip install playwright (no `playwright install` needed)")
+    browser_binary = chromium()
+    sync_playwright = playwright_or_fail()
 
     p = make_pipeline(version_column=True)  # a µs commit-time column: the lag is precise, so charted
     p.start("connector")
@@ -169,24 +145,18 @@ def test_dashboard_shows_live_data_in_a_real_browser(
 
     console: list[str] = []
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
+        browser = playwright.chromium.launch(
+            executable_path=browser_binary, headless=True, args=CHROMIUM_ARGS
+        )
         try:
             page = browser.new_page(viewport={"width": 1440, "height": 900})
             unexpected_404: list[str] = []
-
-            def on_console(message: Any) -> None:
-                if message.type == "error":
-                    url = (message.location or {}).get("url", "")
-                    expected = "status of 404" in message.text and url.endswith(EXPECTED_404_PATHS)
-                    if not expected:
-                        console.append(f"console.{message.type}: {message.text} ({url})")
 
             def on_response(response: Any) -> None:
                 if response.status >= 400 and not response.url.endswith(EXPECTED_404_PATHS):
                     unexpected_404.append(f"{response.status} {response.url}")
 
-            page.on("console", on_console)
-            page.on("pageerror", lambda exc: console.append(f"page error: {exc}"))
+            watch_console(page, console)
             page.on("response", on_response)
             page.goto(f"{base}/dashboard", wait_until="load")
             try:

@@ -22,12 +22,8 @@ what to install, never a skip.
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import signal
-import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Callable
@@ -36,36 +32,15 @@ from typing import Any
 
 import pytest
 
-from pipeline.web import OPTIONAL_ROUTES
+from tests.support.browser import CHROMIUM_ARGS, chromium, playwright_or_fail, watch_console
+from tests.support.demo import SERVING, start_demo
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOT = REPO_ROOT / "artifacts" / "dashboard-demo.png"
-CHROMIUM = os.environ.get("FRESHKEY_CHROMIUM", "/usr/bin/chromium")
-# SERVICES.md: how Debian's chromium runs here; Playwright adds --headless and a fresh --user-data-dir.
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-EXPECTED_404_PATHS = tuple(OPTIONAL_ROUTES.values())
-DEMO = [sys.executable, "-m", "pipeline", "demo"]
 COUNTER_TILES = {"t-applied": "applied", "t-tombstoned": "tombstoned", "t-not-newer": "not_newer"}
 """Tile id -> the outcome whose total over every ``tier:outcome`` of ``/freshkey/stats`` it shows."""
-
-
-def _chromium() -> str:
-    path = shutil.which(CHROMIUM) or (CHROMIUM if os.access(CHROMIUM, os.X_OK) else None)
-    if path is None:
-        pytest.fail(
-            f"chromium is not installed ({CHROMIUM} not found): make system-packages-test, or "
-            "apt-get install -y chromium (or point FRESHKEY_CHROMIUM at a chromium binary)"
-        )
-    return path
 
 
 def _get_json(url: str) -> Any:
@@ -107,25 +82,6 @@ class _Recorder:
 
     def last(self, path: str) -> Any:
         return self.bodies[path][-1]
-
-
-def _start_demo(workdir: Path) -> tuple[subprocess.Popen[str], str]:
-    """``freshkey demo --serve`` in a subprocess; returns it and everything it printed up to the URLs."""
-    proc = subprocess.Popen(
-        [*DEMO, "--changes", "300", "--rate", "300", "--serve", "--workdir", str(workdir)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "COLUMNS": "200"},
-    )
-    assert proc.stdout is not None
-    lines: list[str] = []
-    deadline = time.monotonic() + 150
-    for line in proc.stdout:
-        lines.append(line)
-        if "change a row, then watch the dashboard" in line or time.monotonic() > deadline:
-            break
-    return proc, "".join(lines)
 
 
 DRAWN = """() => window.__freshkey && __freshkey.lagPoints > 0 && __freshkey.outcomes.applied > 0
@@ -191,14 +147,13 @@ def _lag_at_one_moment(page: Any, base: str) -> dict[str, Any]:
 
 
 def test_the_demo_dashboard_shows_what_the_worker_says(tmp_path: Path) -> None:
-    chromium = _chromium()
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.fail("Playwright is not installed: pip install playwright (no `playwright install` needed)")
+    browser_binary = chromium()
+    sync_playwright = playwright_or_fail()
 
     workdir = tmp_path / "demo"
-    proc, printed = _start_demo(workdir)
+    proc, printed = start_demo(
+        ["--changes", "300", "--rate", "300", "--serve", "--workdir", str(workdir)], until=SERVING
+    )
     console: list[str] = []
     try:
         assert "The stack stays up" in printed, printed
@@ -210,20 +165,15 @@ def test_the_demo_dashboard_shows_what_the_worker_says(tmp_path: Path) -> None:
 
         recorder = _Recorder()
         with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
+            browser = playwright.chromium.launch(
+                executable_path=browser_binary, headless=True, args=CHROMIUM_ARGS
+            )
             try:
                 page = browser.new_page(viewport={"width": 1440, "height": 1000})
                 for path in ("/freshkey/stats", "/freshkey/sla", "/freshkey/api/series"):
                     page.route(f"**{path}*", recorder.handler(path))
 
-                def on_console(message: Any) -> None:
-                    url = (message.location or {}).get("url", "")
-                    expected = "status of 404" in message.text and url.endswith(EXPECTED_404_PATHS)
-                    if message.type == "error" and not expected:
-                        console.append(f"console.error: {message.text} ({url})")
-
-                page.on("console", on_console)
-                page.on("pageerror", lambda exc: console.append(f"page error: {exc}"))
+                watch_console(page, console)
                 page.goto(dashboard[1], wait_until="load")
                 try:
                     page.wait_for_function(DRAWN, timeout=30_000)

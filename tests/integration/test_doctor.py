@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import MySQLService
+from tests.support.services import MySQLService
 
 pytestmark = pytest.mark.integration
 

@@ -85,13 +85,13 @@ from cache_writer.layout import signature_key
 from cache_writer.signatures import parse_signatures
 from connectors.checkpoint import BinlogPosition, CheckpointStore
 from connectors.settings import MySQLSettings
-from pipeline.embedded import LocalKafka, LocalMariaDB, LocalRedis, MissingBinaryError, ServiceStartError
+from pipeline.embedded import LocalKafka, LocalMariaDB, MissingBinaryError, ServiceStartError
 from pipeline.observe.broker import BrokerOffsets
 from pipeline.verify.judge import Verification
 from pipeline.verify.run import run_verification
 from schemas import Binding, ChangeEvent, decode, parse_bindings
-from tests.conftest import MySQLService
 from tests.support.pipeline import Pipeline
+from tests.support.services import MySQLService, RestartableRedis
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -142,23 +142,6 @@ DELETE = "DELETE FROM assets WHERE id = %s"
 # --- private services ----------------------------------------------------------------------------------
 
 
-class RestartableRedis:
-    """A private Redis that can be stopped and started again on the same port (it comes back empty)."""
-
-    def __init__(self) -> None:
-        self.server = LocalRedis()
-        self.server.start()
-        self.url = self.server.url
-
-    def stop(self) -> None:
-        self.server.stop()
-
-    def start(self) -> None:
-        self.server = LocalRedis(port=self.server.port)
-        self.server.start()
-        assert self.server.url == self.url
-
-
 @dataclass
 class Services:
     db: LocalMariaDB
@@ -168,8 +151,7 @@ class Services:
 
     @property
     def mysql(self) -> MySQLService:
-        db = self.db
-        return MySQLService(db.host, db.port, db.admin_user, db.admin_password, db.user, db.password)
+        return MySQLService.of(self.db)
 
 
 @pytest.fixture

@@ -4,8 +4,6 @@ served (L2 read script, fills, L1), the equal-version rebuild rule, and the swee
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -19,6 +17,7 @@ from cache_writer.redis import scripts
 from cache_writer.signatures import SignatureRecord, read_signatures, set_signature
 from cache_writer.sweep import sweep_namespace
 from schemas.model_updates import SemVer, signature_order
+from tests.support.cas import run_client_and_tier
 
 pytestmark = pytest.mark.integration
 
@@ -28,23 +27,6 @@ S1, S2, S3 = "1" * 64, "2" * 64, "3" * 64
 
 def record(signature: str, version: str, sequence: int = 0) -> SignatureRecord:
     return SignatureRecord(signature, signature_order(SemVer.parse(version), sequence), b"{}", ("a",))
-
-
-def run(redis_url: str, body: Callable[..., Awaitable[Any]]) -> Any:
-    prefix = f"t{uuid.uuid4().hex[:8]}"
-
-    async def main() -> Any:
-        client = aioredis.Redis.from_url(redis_url)
-        tier = RedisTier(
-            aioredis.Redis.from_url(redis_url), tombstone_ttl_ms=60_000, channel=invalidation_channel(prefix)
-        )
-        try:
-            return await body(CacheClient(client, prefix=prefix), tier, prefix)
-        finally:
-            await tier.close()
-            await client.aclose()
-
-    return asyncio.run(main())
 
 
 def W(key: str, version: int, value: bytes, signature: str | None) -> CacheAction:
@@ -77,7 +59,7 @@ def test_the_signature_only_moves_forward(redis_url: str) -> None:
         state = (await read_signatures(r, prefix, [NS]))[NS]
         assert state.active_signature == S1 and state.pending is None
 
-    run(redis_url, body)
+    run_client_and_tier(redis_url, body)
 
 
 def test_an_entry_of_another_signature_is_never_served_and_the_check_can_fail(redis_url: str) -> None:
@@ -106,7 +88,7 @@ def test_an_entry_of_another_signature_is_never_served_and_the_check_can_fail(re
         assert isinstance(hit, Hit) and hit.value == b'"new model"' and hit.signature == S2
         assert await r.hget(key, "k") == b"42" and await r.hget(key, "s") == S2.encode()
 
-    run(redis_url, body)
+    run_client_and_tier(redis_url, body)
 
 
 def test_a_fill_across_a_cutover_is_refused(redis_url: str) -> None:
@@ -119,7 +101,7 @@ def test_a_fill_across_a_cutover_is_refused(redis_url: str) -> None:
         again = await client.get(NS, ["x"])
         assert isinstance(again, Miss)
 
-    run(redis_url, body)
+    run_client_and_tier(redis_url, body)
 
 
 def test_equal_version_rebuilds_replace_only_towards_the_active_signature(redis_url: str) -> None:
@@ -147,7 +129,7 @@ def test_equal_version_rebuilds_replace_only_towards_the_active_signature(redis_
         assert await tier.client.hget(plain, "s") is None
         assert isinstance(await client.get("plain", [1]), Hit)
 
-    run(redis_url, body)
+    run_client_and_tier(redis_url, body)
 
 
 def test_l1_drops_the_namespace_on_a_cutover_and_refuses_old_reads(redis_url: str) -> None:
@@ -179,7 +161,7 @@ def test_l1_drops_the_namespace_on_a_cutover_and_refuses_old_reads(redis_url: st
         finally:
             await listener.stop()
 
-    run(redis_url, body)
+    run_client_and_tier(redis_url, body)
 
 
 def test_sweep_deletes_only_old_signature_entries(redis_url: str) -> None:
@@ -203,7 +185,7 @@ def test_sweep_deletes_only_old_signature_entries(redis_url: str) -> None:
         assert left == {"active", "pending", "tomb"}
         assert await tier.client.exists(signature_key(prefix, NS))
 
-    run(redis_url, body)
+    run_client_and_tier(redis_url, body)
 
 
 def test_the_tier_keeps_pending_signatures_fences_and_the_outer_fence_mark(redis_url: str) -> None:
@@ -243,7 +225,7 @@ def test_the_tier_keeps_pending_signatures_fences_and_the_outer_fence_mark(redis
             await pubsub.aclose()  # type: ignore[no-untyped-call]
             await listener.aclose()
 
-    run(redis_url, body)
+    run_client_and_tier(redis_url, body)
 
 
 async def _messages(pubsub: Any, within_s: float = 2.0) -> Any:
@@ -269,5 +251,5 @@ def test_a_fence_never_brings_back_a_signature_after_the_record_was_lost(redis_u
             await tier.client.delete(signature_key(prefix, NS))  # the record is lost
         return seen
 
-    first, second = run(redis_url, body)
+    first, second = run_client_and_tier(redis_url, body)
     assert first and second and first != second

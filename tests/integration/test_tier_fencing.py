@@ -18,8 +18,8 @@ import pytest
 import redis
 
 from cache_writer.entries import parse_entry
-from pipeline.embedded import LocalRedis
 from tests.support.pipeline import Pipeline
+from tests.support.services import RestartableRedis
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -27,33 +27,18 @@ ROWS = 20
 OUTAGE_S = 10.0
 
 
-class L3:
-    """A private Redis that can be stopped and started again on the same port."""
-
-    def __init__(self) -> None:
-        self.server = LocalRedis()
-        self.server.start()
-        self.url = self.server.url
-
-    def stop(self) -> None:
-        self.server.stop()
-
-    def start(self) -> None:
-        self.server = LocalRedis(port=self.server.port)
-        self.server.start()
-        assert self.server.url == self.url
-
-
 @pytest.fixture
-def l3_server() -> Iterator[L3]:
-    server = L3()
+def l3_server() -> Iterator[RestartableRedis]:
+    server = RestartableRedis()
     try:
         yield server
     finally:
         server.stop()
 
 
-def _l2_lags_during_outage(pipeline: Pipeline, l3: L3, *, fence_after_s: float) -> dict[str, Any]:
+def _l2_lags_during_outage(
+    pipeline: Pipeline, l3: RestartableRedis, *, fence_after_s: float
+) -> dict[str, Any]:
     """Run the outage scenario; returns the L2 lag of each change made during it (s) and what was seen."""
     pipeline.start(
         "worker",
@@ -110,7 +95,7 @@ def _wait(predicate: Callable[[], bool], timeout: float, what: str, pipeline: Pi
 
 
 def test_an_l3_outage_fences_l3_and_l2_stays_within_the_window(
-    make_pipeline: Callable[..., Pipeline], l3_server: L3
+    make_pipeline: Callable[..., Pipeline], l3_server: RestartableRedis
 ) -> None:
     pipeline = make_pipeline()
     seen = _l2_lags_during_outage(pipeline, l3_server, fence_after_s=1.5)
@@ -150,7 +135,7 @@ def test_an_l3_outage_fences_l3_and_l2_stays_within_the_window(
 
 
 def test_without_fencing_the_same_outage_stalls_l2(
-    make_pipeline: Callable[..., Pipeline], l3_server: L3
+    make_pipeline: Callable[..., Pipeline], l3_server: RestartableRedis
 ) -> None:
     pipeline = make_pipeline()
     seen = _l2_lags_during_outage(pipeline, l3_server, fence_after_s=3600)

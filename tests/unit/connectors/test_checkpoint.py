@@ -249,8 +249,23 @@ def test_store_overwrites_a_stale_tmp_file(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.json"]
 
 
-@pytest.mark.parametrize("content", ["", "{not json", '{"file": "binlog.000001", "pos": ', "\x00\x01"])
-def test_store_unreadable_file_names_the_file(tmp_path: Path, content: str) -> None:
+@pytest.mark.parametrize(
+    "content",
+    [
+        # unreadable
+        "",
+        "{not json",
+        '{"file": "binlog.000001", "pos": ',
+        "\x00\x01",
+        # JSON of the wrong shape
+        "{}",
+        "null",
+        "[]",
+        '{"file": "binlog.000001"}',
+        '{"file": "b.1", "pos": "x"}',
+    ],
+)
+def test_store_unreadable_or_wrong_shape_file_names_the_file(tmp_path: Path, content: str) -> None:
     path = tmp_path / "checkpoint.json"
     path.write_text(content)
     with pytest.raises(ValueError, match="unreadable") as info:
@@ -261,17 +276,6 @@ def test_store_unreadable_file_names_the_file(tmp_path: Path, content: str) -> N
 def test_store_path_is_a_directory(tmp_path: Path) -> None:
     path = tmp_path / "checkpoint.json"
     path.mkdir()
-    with pytest.raises(ValueError, match="unreadable") as info:
-        CheckpointStore(path).load()
-    assert str(path) in str(info.value)
-
-
-@pytest.mark.parametrize(
-    "content", ["{}", "null", "[]", '{"file": "binlog.000001"}', '{"file": "b.1", "pos": "x"}']
-)
-def test_store_wrong_shape_names_the_file(tmp_path: Path, content: str) -> None:
-    path = tmp_path / "checkpoint.json"
-    path.write_text(content)
     with pytest.raises(ValueError, match="unreadable") as info:
         CheckpointStore(path).load()
     assert str(path) in str(info.value)

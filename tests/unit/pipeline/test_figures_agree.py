@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -20,7 +19,6 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from cache_writer import ActionResult, CacheAction, Outcome
 from pipeline.observe import BatchReport, Observers
 from pipeline.observe.otel import OtelObserver
 from pipeline.observe.series import SUMMARY_WINDOW_S, SeriesRecorder
@@ -29,32 +27,11 @@ from pipeline.observe.sla import SlaEvaluator
 from pipeline.observe.stats import WorkerStats
 from pipeline.processor import ChangeProcessor
 from pipeline.settings import SlaSettings
-from schemas import Binding, Bindings, ChangeEvent, encode
-
-T0 = 1_800_000_000.0
-
-
-class InstantTier:
-    name = "redis"
-
-    async def apply(self, actions: Sequence[CacheAction]) -> list[ActionResult]:
-        return [ActionResult(a, Outcome.APPLIED, None) for a in actions]
-
-    async def close(self) -> None:
-        pass
+from schemas import Binding, Bindings
+from tests.support.fakes import T0, Clock, InstantTier, update_message
 
 
-class Frozen:
-    """The readers' clock: still while they are asked, so they read one moment."""
-
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def readers(clock: Frozen, sla_settings: SlaSettings) -> tuple[Observers, dict[str, Any]]:
+def readers(clock: Clock, sla_settings: SlaSettings) -> tuple[Observers, dict[str, Any]]:
     stats = WorkerStats(clock=clock)
     sla = SlaEvaluator(sla_settings, worker="w", clock=clock)
     series = SeriesRecorder(clock=clock)
@@ -97,36 +74,13 @@ def figures_of(parts: dict[str, Any], seconds: float) -> dict[str, tuple[float |
 
 
 def _change(row_id: int, commit_us: int) -> bytes:
-    row = {"id": row_id, "name": f"n{row_id}"}
-    return encode(
-        ChangeEvent.model_validate(
-            {
-                "event_id": f"e{row_id}",
-                "op": "u",
-                "key": {"id": row_id},
-                "before": row,
-                "after": row,
-                "source": {
-                    "server_id": 1,
-                    "file": "b",
-                    "pos": row_id,
-                    "ts_ms": 0,
-                    "db": "shop",
-                    "table": "t",
-                },
-                "ts_ms": commit_us // 1000 + 1,
-                "version": row_id + 1,
-                "commit_ts_us": commit_us,
-                "commit_ts_coarse": False,
-            }
-        )
-    )
+    return update_message(row_id, table="t", commit_us=commit_us, ts_ms=commit_us // 1000 + 1)
 
 
 @pytest.mark.parametrize("window_s", [60.0, 10.0])
 def test_stats_sla_series_and_prometheus_agree_on_samples_applied_by_the_processor(window_s: float) -> None:
     rng = random.Random(int(window_s))
-    clock = Frozen(time.time())
+    clock = Clock(time.time())
     observers, parts = readers(clock, SlaSettings(evaluation_window_s=window_s))
     processor = ChangeProcessor(
         Bindings(bindings=(Binding(table="shop.t", namespace="t"),)),  # type: ignore[call-arg]
@@ -155,7 +109,7 @@ def test_stats_sla_series_and_prometheus_agree_on_samples_applied_by_the_process
 
 def test_every_window_agrees_across_readers_on_a_multi_second_feed() -> None:
     rng = random.Random(3)
-    clock = Frozen(T0)
+    clock = Clock(T0)
     observers, parts = readers(clock, SlaSettings(evaluation_window_s=60.0))
     values: list[tuple[float, float]] = []
     for second in range(90):

@@ -19,35 +19,23 @@ import gc
 import inspect
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
-from cache_writer import ActionResult, CacheAction, Outcome
 from pipeline.observe.otel import OtelObserver, configure_telemetry
 from pipeline.observe.progress import ConsumerProgress
 from pipeline.observe.series import SeriesRecorder
 from pipeline.observe.sla import SlaEvaluator
 from pipeline.processor import ChangeProcessor, Planned
 from pipeline.settings import SlaSettings, TelemetrySettings
-from schemas import Binding, Bindings, ChangeEvent, encode
+from schemas import Binding, Bindings
+from tests.support.fakes import InstantTier, update_message
 
 CHANGES = 50_000
 BATCH = 500
 SINGLES = 2_000
 """Changes applied one per batch (a quiet worker)."""
 BINDING = Binding(table="shop.assets", namespace="assets")  # type: ignore[call-arg]
-
-
-class InstantTier:
-    """Acknowledges every action at once: what is left to time is the processor's own work."""
-
-    name = "redis"
-
-    async def apply(self, actions: Sequence[CacheAction]) -> list[ActionResult]:
-        return [ActionResult(a, Outcome.APPLIED, None) for a in actions]
-
-    async def close(self) -> None:
-        pass
 
 
 class Nothing:
@@ -71,29 +59,9 @@ class Nothing:
 
 
 def _change(row_id: int, now_us: int) -> bytes:
-    row = {"id": row_id, "name": f"n{row_id}"}
-    event = ChangeEvent.model_validate(
-        {
-            "event_id": f"e{row_id}",
-            "op": "u",
-            "key": {"id": row_id},
-            "before": row,
-            "after": row,
-            "source": {
-                "server_id": 1,
-                "file": "b.1",
-                "pos": row_id,
-                "ts_ms": 0,
-                "db": "shop",
-                "table": "assets",
-            },
-            "ts_ms": now_us // 1000 - 5,
-            "version": row_id + 1,
-            "commit_ts_us": now_us - 20_000 - (row_id % 997) * 37,  # 20 ms to 57 ms before "now"
-            "commit_ts_coarse": False,
-        }
-    )
-    return encode(event)
+    # Committed 20 ms to 57 ms before "now", read by the connector 5 ms before it.
+    commit_us = now_us - 20_000 - (row_id % 997) * 37
+    return update_message(row_id, table="assets", commit_us=commit_us, ts_ms=now_us // 1000 - 5)
 
 
 def _batches(

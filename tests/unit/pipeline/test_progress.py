@@ -13,23 +13,7 @@ from pipeline.observe.progress import (
     PartitionFigures,
     PartitionProgress,
 )
-
-T0 = 1_800_000_000.0
-
-
-class Clock:
-    def __init__(self, start: float = T0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-    @property
-    def ms(self) -> float:
-        return self.now * 1000
+from tests.support.fakes import T0, Clock
 
 
 def progress(clock: Clock, **overrides: object) -> ConsumerProgress:

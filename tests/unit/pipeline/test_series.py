@@ -25,32 +25,21 @@ from pipeline.observe import (
 )
 from pipeline.observe.progress import ConsumerProgress
 from pipeline.observe.series import SUMMARY_WINDOW_S, SeriesRecorder
-from pipeline.observe.sketch import GROWTH, LagSketch, rank
+from pipeline.observe.sketch import GROWTH, LagSketch
 from pipeline.observe.stats import WorkerStats
 from pipeline.web import STATIC_FILES, consumer_lag, install_dashboard
+from tests.support.fakes import Clock, nearest_rank
 
 T0 = 1_700_000_000.0
 
 
-class FakeClock:
-    def __init__(self, now: float = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def nearest_rank(values: list[float], q: float) -> float:
-    return sorted(values)[rank(q, len(values)) - 1]
-
-
-def recorder(clock: FakeClock, retention_s: int = 900) -> tuple[SeriesRecorder, Observers]:
+def recorder(clock: Clock, retention_s: int = 900) -> tuple[SeriesRecorder, Observers]:
     rec = SeriesRecorder(retention_s=retention_s, clock=clock)
     return rec, Observers([rec], sketch=LagSketch(clock=clock))
 
 
 def _apply(
-    observers: Observers, clock: FakeClock, lags: list[float], *, coarse: bool = False, tier: str = "redis"
+    observers: Observers, clock: Clock, lags: list[float], *, coarse: bool = False, tier: str = "redis"
 ) -> None:
     """One batch of updates applied now, each with its lag."""
     n = len(lags)
@@ -73,7 +62,7 @@ def _apply(
 
 
 def test_points_per_second_with_percentiles_counts_and_stages() -> None:
-    clock = FakeClock()
+    clock = Clock(T0)
     rec, observers = recorder(clock)
     lags = [float(i) for i in range(1, 101)]
     _apply(observers, clock, lags)
@@ -107,7 +96,7 @@ def test_points_per_second_with_percentiles_counts_and_stages() -> None:
 
 
 def test_a_finished_second_is_computed_once() -> None:
-    clock = FakeClock()
+    clock = Clock(T0)
     rec, observers = recorder(clock)
     _apply(observers, clock, [3.0])
     clock.now += 1
@@ -116,7 +105,7 @@ def test_a_finished_second_is_computed_once() -> None:
 
 
 def test_since_returns_that_second_and_later() -> None:
-    clock = FakeClock()
+    clock = Clock(T0)
     rec, observers = recorder(clock)
     for _ in range(5):
         _apply(observers, clock, [3.0])
@@ -127,7 +116,7 @@ def test_since_returns_that_second_and_later() -> None:
 
 
 def test_retention_bounds_the_ring_and_the_summary_window() -> None:
-    clock = FakeClock()
+    clock = Clock(T0)
     rec, observers = recorder(clock, retention_s=10)
     for _ in range(100):
         _apply(observers, clock, [3.0])
@@ -140,7 +129,7 @@ def test_retention_bounds_the_ring_and_the_summary_window() -> None:
 
 
 def test_a_clock_step_back_adds_to_the_newest_second() -> None:
-    clock = FakeClock()
+    clock = Clock(T0)
     rec, observers = recorder(clock)
     _apply(observers, clock, [1.0])
     clock.now -= 5
@@ -149,7 +138,7 @@ def test_a_clock_step_back_adds_to_the_newest_second() -> None:
 
 
 def test_tier_stages_keep_their_first_seen_order() -> None:
-    clock = FakeClock()
+    clock = Clock(T0)
     rec, observers = recorder(clock)
     _apply(observers, clock, [1.0], tier="redis")
     _apply(observers, clock, [1.0], tier="l3")
@@ -160,7 +149,7 @@ def test_tier_stages_keep_their_first_seen_order() -> None:
 def test_points_agree_with_the_sketch_bound_on_a_realistic_distribution(seed: int) -> None:
     rng = random.Random(seed)
     values = [rng.lognormvariate(math.log(20), 1.2) for _ in range(5000)]
-    clock = FakeClock()
+    clock = Clock(T0)
     rec, observers = recorder(clock)
     _apply(observers, clock, values)
     clock.now += 1
@@ -304,7 +293,7 @@ def test_series_says_which_optional_routes_exist() -> None:
 
 
 def test_with_consumer_progress_the_card_shows_the_change_topic_and_unknown_partitions() -> None:
-    clock = FakeClock()
+    clock = Clock(T0)
     progress = ConsumerProgress("changes", partitions=2, clock=clock)
 
     async def check(client: TestClient, recorder: SeriesRecorder, processor: _Processor) -> None:

@@ -25,21 +25,7 @@ from pipeline.observe.sketch import (
     rank,
     window_name,
 )
-
-T0 = 1_800_000_000.0
-
-
-class Clock:
-    def __init__(self, start: float = T0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def nearest_rank(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[rank(q, len(ordered)) - 1]
+from tests.support.fakes import T0, Clock, nearest_rank
 
 
 def sketch_of(values: list[float], *, exact: tuple[float, ...] = ()) -> LagSketch:

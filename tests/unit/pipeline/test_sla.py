@@ -3,7 +3,6 @@ figures printed, transitions, sliding window (whole seconds), the heartbeat and 
 
 from __future__ import annotations
 
-import math
 import random
 from pathlib import Path
 
@@ -16,31 +15,10 @@ from hypothesis import strategies as st
 from pipeline.agents.sla import TICK_AFTER_S, until_next_tick
 from pipeline.observe import BatchReport, Observers
 from pipeline.observe.progress import ConsumerProgress
-from pipeline.observe.sketch import GROWTH, rank
+from pipeline.observe.sketch import GROWTH
 from pipeline.observe.sla import SlaEvaluator, SlaState, SlaViolation, format_ms
 from pipeline.settings import SlaSettings
-
-T0 = 1_800_000_000.0
-
-
-class Clock:
-    def __init__(self, start: float = T0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-    def settle(self) -> None:
-        """To the start of the next second: the seconds recorded so far are in the windows."""
-        self.now = math.floor(self.now) + 1.0
-
-
-def nearest_rank(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[rank(q, len(ordered)) - 1]
+from tests.support.fakes import T0, Clock, nearest_rank
 
 
 def evaluator(clock: Clock, **overrides: object) -> SlaEvaluator:

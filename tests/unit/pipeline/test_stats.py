@@ -10,16 +10,7 @@ import pytest
 from pipeline.observe import BatchReport, Observers, Repeated
 from pipeline.observe.sketch import GROWTH, LagSketch, rank
 from pipeline.observe.stats import WorkerStats
-
-T0 = 1_800_000_000.0
-
-
-class Clock:
-    def __init__(self, now: float = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.fakes import T0, Clock
 
 
 def wired(clock: Clock) -> tuple[WorkerStats, Observers]:
