@@ -10,12 +10,21 @@ import platform
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
 
-from cache_writer.semantic import KeyHashWeights, SemanticKeyer
-from cache_writer.semantic.ushash import exactness_bound, fused_matrix, quantize, sign_bits
+from cache_writer.semantic import EmbeddingError, KeyHashWeights, SemanticKeyer, format_key, key_words
+from cache_writer.semantic.bulk import (
+    BulkHasher,
+    Engine,
+    default_engine,
+    digits,
+    probe_embeddings,
+    quantize_int8,
+)
+from cache_writer.semantic.ushash import USHash, exactness_bound, fused_matrix, pack_bits, quantize, sign_bits
 from cache_writer.semantic.weights import MAX_EMBEDDING_DIM, MAX_SHARED_DIM
 
 SEED = 11
@@ -179,7 +188,7 @@ def test_same_keys_in_another_process(weights: KeyHashWeights, keyer: SemanticKe
         capture_output=True,
         text=True,
         env=env,
-        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+        cwd=Path(__file__).resolve().parents[3],  # the repository root: the child imports tests.*
         timeout=120,
         check=False,
     )
@@ -247,3 +256,180 @@ def test_naive_float32_bits_depend_on_batch_size_but_keys_do_not(
     exact_whole = keyer.keys("text", x)
     exact_alone = [keyer.keys("text", x[i : i + 1])[0] for i in range(len(x))]
     assert exact_whole == exact_alone
+
+
+# --- the bulk path (uint64 words): bit for bit the reference ------------------------------------------------
+
+ENGINES: tuple[Engine, ...] = ("int8", "float64")
+SWEEP_DIM = 24  # small, so that every batch size 1..4096 (8.4 M rows) fits in a test
+
+
+def reference_words(hasher: USHash, modality: str, vectors: torch.Tensor) -> torch.Tensor:
+    """Today's keys (the float64 reference path, ``USHash.bits``) as int64 words, through Python ints."""
+    keys = pack_bits(hasher.bits(modality, vectors))
+    width = hasher.weights.key_bits // 64
+    return torch.tensor(
+        [[(key >> (64 * w)) & (2**64 - 1) for w in range(width)] for key in keys], dtype=torch.uint64
+    ).view(torch.int64)
+
+
+def awkward_pool(weights: KeyHashWeights, modality: str, size: int, dtype: torch.dtype) -> torch.Tensor:
+    """``size`` rows, finite in ``dtype``: the bulk path's probes (+-128, flips, ties, tiny, zero rows) and
+    rows on a prototype's hyperplane, scattered among random rows."""
+    dim = weights.dim(modality)
+    special = torch.cat(
+        [probe_embeddings(dim, seed=s) for s in range(4)] + [near_boundary(weights, modality, 256)[0]]
+    ).to(dtype)
+    special = special[torch.isfinite(special).all(dim=1)]
+    g = torch.Generator().manual_seed(12)
+    pool = torch.randn(size, dim, generator=g).to(dtype)
+    pool[torch.randperm(size, generator=g)[: len(special)]] = special
+    return pool
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["float32", "float16"])
+@pytest.mark.parametrize("key_bits", [64, 128])
+def test_words_equal_todays_keys_at_every_batch_size(
+    key_bits: int, dtype: torch.dtype, threads: None
+) -> None:
+    """Every batch size from 1 to 4096, each at its own place in a pool of awkward rows; engines and
+    thread counts take turns (n % 4), so each of the four runs ~1,000 sizes spread over the whole range."""
+    weights = KeyHashWeights.generate(SEED, {"text": SWEEP_DIM}, shared_dim=SHARED_DIM, key_bits=key_bits)
+    hashers = {engine: USHash(weights, "cpu", engine) for engine in ENGINES}
+    pool = awkward_pool(weights, "text", 4096 + 512, dtype)
+    expected = reference_words(hashers["float64"], "text", pool)
+    assert len(set(map(tuple, expected.tolist()))) > len(pool) * 0.9  # the comparison is not vacuous
+    for n in range(1, 4097):
+        engine, count = ENGINES[n % 2], 1 + (n // 2) % 2
+        torch.set_num_threads(count)
+        start = (n * 7919) % (len(pool) - n + 1)
+        got = hashers[engine].words("text", pool[start : start + n])
+        assert got.dtype == torch.uint64 and got.shape == (n, key_bits // 64)
+        assert torch.equal(got.view(torch.int64), expected[start : start + n]), (n, engine, count)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("key_bits", [64, 128])
+def test_words_equal_todays_keys_at_real_dims(key_bits: int, engine: Engine) -> None:
+    """The dims of real encoders (and one that is not a multiple of 8), every input dtype."""
+    weights = KeyHashWeights.generate(SEED, DIMS, shared_dim=SHARED_DIM, key_bits=key_bits)
+    hasher = USHash(weights, "cpu", engine)
+    for modality in sorted(DIMS):
+        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+            pool = awkward_pool(weights, modality, 3000, dtype)
+            expected = reference_words(hasher, modality, pool)
+            assert torch.equal(hasher.words(modality, pool).view(torch.int64), expected), (modality, dtype)
+
+
+def test_keys_and_hex_come_from_the_words(keyer: SemanticKeyer) -> None:
+    vectors = awkward_pool(keyer.weights, "text", 500, torch.float32)
+    keys = keyer.keys("text", vectors)
+    assert keys == pack_bits(keyer._hash.bits("text", vectors))
+    assert keyer.hex_keys("text", vectors) == [format_key(key, 64) for key in keys]
+    words = keyer.words("text", vectors)
+    assert [tuple(row) for row in words.tolist()] == [key_words(key, 64) for key in keys]
+    wide = SemanticKeyer(KeyHashWeights.generate(SEED, DIMS, shared_dim=SHARED_DIM, key_bits=128), "cpu")
+    wide_keys = wide.keys("text", vectors)
+    assert any(key >= 2**64 for key in wide_keys)
+    assert wide.hex_keys("text", vectors) == [format_key(key, 128) for key in wide_keys]
+    assert [tuple(row) for row in wide.words("text", vectors).tolist()] == [
+        key_words(key, 128) for key in wide_keys
+    ]
+
+
+def test_the_int8_engine_needs_its_sign_flip(weights: KeyHashWeights) -> None:
+    """+128 does not fit an int8. Without the flip (a plain int8 of q), rows holding +128 get another key;
+    with it, the bulk path equals the reference on exactly those rows."""
+    vectors = probe_embeddings(384)
+    fused_t = fused_matrix(weights, "text")
+    q = quantize(vectors)
+    holds_128 = (q == 128).any(dim=1)
+    assert int(holds_128.sum()) >= 4
+    wrapped = q.to(torch.int64).remainder(256).to(torch.uint8).view(torch.int8)  # what int8 keeps of q
+    naive = sign_bits(wrapped.to(torch.float64), fused_t)
+    exact = sign_bits(q, fused_t)
+    assert bool((naive != exact).any(dim=1)[holds_128].all())
+    assert torch.equal((naive != exact).any(dim=1), holds_128)
+    quantized = quantize_int8(vectors, len(vectors), 384)
+    flipped = quantized.sign[:, 0] < 0
+    both = holds_128 & (q == -128).any(dim=1)
+    assert torch.equal(flipped, holds_128 & ~both)
+    assert torch.equal(
+        quantized.q[~quantized.reference].to(torch.float64), (q * quantized.sign)[~quantized.reference]
+    )
+    hasher = USHash(weights, "cpu", "int8")
+    assert torch.equal(
+        hasher.words("text", vectors).view(torch.int64), reference_words(hasher, "text", vectors)
+    )
+
+
+def test_rows_the_fused_quantize_cannot_hold_go_to_the_reference(weights: KeyHashWeights) -> None:
+    """A peak below 2**-121 needs a scale float32 cannot hold, and a row with both +128 and -128 fits no
+    int8 either way: the fused quantize gets them wrong, marks them, and the reference keys them."""
+    vectors = probe_embeddings(384)
+    quantized = quantize_int8(vectors, len(vectors), 384)
+    q = quantize(vectors)
+    wrong = (quantized.q.to(torch.float64) != q * quantized.sign).any(dim=1)
+    tiny = vectors.abs().amax(dim=1) < 2.0**-121
+    assert bool(tiny.any()) and bool(wrong[tiny].all())
+    assert torch.equal(wrong, quantized.reference)
+    hasher = USHash(weights, "cpu", "int8")
+    assert torch.equal(
+        hasher.words("text", vectors).view(torch.int64), reference_words(hasher, "text", vectors)
+    )
+
+
+def test_a_broken_kernel_is_caught_and_keys_stay_right(
+    weights: KeyHashWeights, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A GEMM that is off by one somewhere (a library bug) fails the self-check at set-up: the hasher
+    says so and keys with the reference path, so no key is wrong."""
+    real = torch._int_mm
+
+    def off_by_one(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        out = real(a, b)
+        out[:, 0] += 1
+        return out
+
+    monkeypatch.setattr(torch, "_int_mm", off_by_one)
+    vectors = probe_embeddings(384, seed=5)
+    hasher = USHash(weights, "cpu", "int8")
+    with caplog.at_level("ERROR", logger="cache_writer.semantic.ushash"):
+        words = hasher.words("text", vectors)
+    assert hasher.bulk("text") is None
+    assert "differ from the reference" in caplog.text
+    assert torch.equal(words.view(torch.int64), reference_words(hasher, "text", vectors))
+    # the same kernel without the self-check would have keyed wrong: the check is not vacuous
+    unchecked = BulkHasher(fused_matrix(weights, "text"), torch.device("cpu"), "int8", 1024)
+    assert not torch.equal(unchecked.words(vectors).view(torch.int64), words.view(torch.int64))
+
+
+def test_bulk_path_refuses_what_the_reference_refuses(keyer: SemanticKeyer) -> None:
+    vectors = torch.randn(3000, 384)
+    vectors[2500, 7] = float("nan")
+    with pytest.raises(EmbeddingError, match="NaN or infinite"):
+        keyer.words("text", vectors)
+    with pytest.raises(EmbeddingError, match="float16, bfloat16 or float32"):
+        keyer.words("text", vectors.double())
+    with pytest.raises(EmbeddingError, match=r"shape \(n, 384\)"):
+        keyer.words("text", torch.zeros(2, 383))
+    empty = keyer.words("text", torch.empty(0, 384))
+    assert empty.shape == (0, 1) and empty.dtype == torch.uint64
+    assert keyer.hex_keys("text", torch.empty(0, 384)) == []
+
+
+def test_digits_rebuild_the_fused_matrix(weights: KeyHashWeights) -> None:
+    fused_t = fused_matrix(weights, "image")
+    limbs = digits(fused_t)
+    assert 2 <= len(limbs) <= 4
+    rebuilt = sum(limb.to(torch.int64) * 256**m for m, limb in enumerate(limbs))
+    assert torch.equal(rebuilt, fused_t.to(torch.int64))
+    extreme = torch.tensor([[2**26 - 1, -(2**26) + 1, -128, 127, 128, -129, 0]], dtype=torch.float64)
+    assert torch.equal(sum(d.to(torch.int64) * 256**m for m, d in enumerate(digits(extreme))), extreme.long())
+
+
+def test_engine_choice() -> None:
+    assert default_engine(torch.device("cuda")) == "int8"
+    assert default_engine(torch.device("cpu")) in ENGINES
+    with pytest.raises(ValueError, match="unknown engine 'int4'"):
+        USHash(KeyHashWeights.generate(0, {"text": 8}, shared_dim=4), "cpu", "int4")  # type: ignore[arg-type]
