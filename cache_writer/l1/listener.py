@@ -70,13 +70,17 @@ def parse_broadcast(message: bytes | str) -> tuple[str, int, str] | None:
 class InvalidationListener:
     """Subscribes to the invalidation channel and keeps one or more L1 caches in step (asyncio).
 
+    ``client`` may be a ``RedisCluster``: its Pub/Sub connection goes to the node that owns the
+    channel's slot, and Redis Cluster forwards every PUBLISH to every node, so the announcements of the
+    scripts on any node arrive (tests/integration/test_cluster_e2e.py).
+
     On any connection error the caches are flushed and marked unhealthy, and the listener reconnects
     with backoff; after it is subscribed again they are flushed once more and serve again.
     """
 
     def __init__(
         self,
-        client: aioredis.Redis,
+        client: aioredis.Redis | aioredis.RedisCluster,
         channel: str,
         caches: list[L1Cache],
         *,
@@ -129,9 +133,10 @@ class InvalidationListener:
 
 
 class ThreadedInvalidationListener:
-    """The same for synchronous applications: a daemon thread with a blocking Pub/Sub connection."""
+    """The same for synchronous applications: a daemon thread with a blocking Pub/Sub connection (on a
+    ``RedisCluster`` too)."""
 
-    def __init__(self, client: redis.Redis, channel: str, caches: list[L1Cache]) -> None:
+    def __init__(self, client: redis.Redis | redis.RedisCluster, channel: str, caches: list[L1Cache]) -> None:
         self._client = client
         self._channel = channel
         self._caches = caches

@@ -212,10 +212,11 @@ class Pipeline:
 
     def stats(self, name: str = "worker") -> dict[str, Any] | None:
         """``/freshkey/stats`` of a worker (None while it does not answer)."""
-        return self.page(name, "/freshkey/stats")
+        stats: dict[str, Any] | None = self.page(name, "/freshkey/stats")
+        return stats
 
-    def page(self, name: str, path: str) -> dict[str, Any] | None:
-        """A JSON page of a worker's web server (None while it does not answer)."""
+    def page(self, name: str, path: str) -> Any:
+        """A JSON page of a worker's web server, parsed (None while it does not answer)."""
         return fetch_stats(f"http://127.0.0.1:{self.web_ports[name]}{path}")
 
     # -- database and cache ----------------------------------------------------------------------------
