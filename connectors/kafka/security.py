@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import re
+import socket
 import ssl
 from typing import Any
 
@@ -77,8 +78,36 @@ def ssl_context(settings: KafkaSettings) -> ssl.SSLContext | None:
     )
 
 
+class HideSaslPayloads(logging.Filter):
+    """aiokafka logs every request and response at DEBUG with its fields, the SASL login's bytes included:
+    a PLAIN password in clear (seen here with ``--log-level debug``). This filter keeps those lines and
+    replaces the SaslAuthenticate request and response in them by a placeholder."""
+
+    HIDDEN = "<SASL payload hidden>"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple) and any(_is_sasl(arg) for arg in record.args):
+            record.args = tuple(self.HIDDEN if _is_sasl(arg) else arg for arg in record.args)
+        return True
+
+
+def _is_sasl(value: object) -> bool:
+    return type(value).__name__.startswith("SaslAuthenticate")
+
+
+_AIOKAFKA_CONN_LOGGER = "aiokafka.conn"
+
+
+def hide_sasl_in_client_logs() -> None:
+    """Install :class:`HideSaslPayloads` on aiokafka's connection logger (once)."""
+    logger = logging.getLogger(_AIOKAFKA_CONN_LOGGER)
+    if not any(isinstance(f, HideSaslPayloads) for f in logger.filters):
+        logger.addFilter(HideSaslPayloads())
+
+
 def aiokafka_options(settings: KafkaSettings) -> dict[str, Any]:
-    """``bootstrap_servers`` and the security keyword arguments of an aiokafka client."""
+    """``bootstrap_servers`` and the security keyword arguments of an aiokafka client. With SASL, also
+    keeps the login out of aiokafka's DEBUG log (:func:`hide_sasl_in_client_logs`)."""
     options: dict[str, Any] = {
         "bootstrap_servers": settings.bootstrap,
         "security_protocol": settings.security_protocol,
@@ -88,6 +117,7 @@ def aiokafka_options(settings: KafkaSettings) -> dict[str, Any]:
         options["ssl_context"] = context
     if uses_sasl(settings):
         assert settings.sasl_password is not None
+        hide_sasl_in_client_logs()
         options["sasl_mechanism"] = settings.sasl_mechanism
         options["sasl_plain_username"] = settings.sasl_username
         options["sasl_plain_password"] = settings.sasl_password.get_secret_value()
@@ -95,7 +125,26 @@ def aiokafka_options(settings: KafkaSettings) -> dict[str, Any]:
 
 
 _VERIFY_REASON = re.compile(r"certificate verify failed:?\s*(?P<reason>[^,(]*)", re.IGNORECASE)
+_BROKER = re.compile(r"(?:sasl_)?ssl://(?P<host>\[[^\]]+\]|[^:/\s]+):(?P<port>\d+)/", re.IGNORECASE)
 _AUTH_CODES = frozenset({KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED})
+PROBE_TIMEOUT_S = 3.0
+
+
+def verification_probe(settings: KafkaSettings, host: str, port: int) -> ssl.SSLCertVerificationError | None:
+    """Why the broker at ``host:port`` fails verification, as Python's TLS sees it with the same settings
+    (librdkafka says only "broker certificate could not be verified", whether the CA or the name is
+    wrong); None when it verifies or cannot be reached. One TLS handshake, on failure only."""
+    context = ssl_context(settings)
+    if context is None:
+        return None
+    try:
+        with socket.create_connection((host.strip("[]"), port), timeout=PROBE_TIMEOUT_S) as sock:
+            context.wrap_socket(sock, server_hostname=host.strip("[]")).close()
+    except ssl.SSLCertVerificationError as exc:
+        return exc
+    except (OSError, ssl.SSLError):
+        return None
+    return None
 
 
 def security_failure(settings: KafkaSettings, err: KafkaError) -> ConfigurationError | None:
@@ -106,12 +155,20 @@ def security_failure(settings: KafkaSettings, err: KafkaError) -> ConfigurationE
     if code == KafkaError._SSL and "certificate verify failed" in text.lower():
         match = _VERIFY_REASON.search(text)
         reason = match.group("reason").strip() if match and match.group("reason").strip() else text
+        verify_code: int | None = None
+        where = settings.bootstrap
+        broker = _BROKER.search(text)
+        if broker is not None:
+            where = f"{broker.group('host')}:{broker.group('port')}"
+            probed = verification_probe(settings, broker.group("host"), int(broker.group("port")))
+            if probed is not None:
+                reason, verify_code = str(probed.verify_message or reason), probed.verify_code
         return TlsVerificationError(
             explain_verification(
                 "Kafka broker's",
-                settings.bootstrap,
+                where,
                 reason,
-                verify_code=None,
+                verify_code=verify_code,
                 ca_setting="FRESHKEY_KAFKA_SSL_CAFILE",
                 cafile=settings.ssl_cafile,
                 host_setting="FRESHKEY_KAFKA_BOOTSTRAP and the brokers' advertised listeners",

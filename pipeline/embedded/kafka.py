@@ -7,8 +7,9 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pipeline.embedded.kafka_front import KafkaFront
 from pipeline.embedded.process import HOST, LocalService, MissingBinaryError, free_port, tcp_open
-from pipeline.embedded.tls import TlsFiles, TlsFront
+from pipeline.embedded.tls import TlsFiles
 
 if TYPE_CHECKING:
     pass
@@ -46,10 +47,11 @@ class LocalKafka(LocalService):
 
     ``start()`` returns once a Kafka metadata request (librdkafka ``list_topics``) is answered.
 
-    ``tls``: clients reach the broker through TLS only (:attr:`client_config` says how). Tansu 0.6.0
-    cannot serve TLS itself (see :mod:`pipeline.embedded.tls`): the broker then listens on a second,
-    internal port and advertises :attr:`port`, where a :class:`~pipeline.embedded.tls.TlsFront` with
-    ``tls``'s certificate forwards to it.
+    ``tls``: clients reach the broker through TLS only; ``sasl_users`` (name -> password): they must log
+    in first (PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512). :attr:`client_config` says how to reach it. Tansu
+    0.6.0 can do neither itself (:mod:`pipeline.embedded.kafka_front`): the broker then listens on a
+    second, internal port and advertises :attr:`port`, where a
+    :class:`~pipeline.embedded.kafka_front.KafkaFront` does TLS and the login and forwards to it.
     """
 
     _kind = "kafka"
@@ -62,21 +64,34 @@ class LocalKafka(LocalService):
         start_timeout: float = 15.0,
         *,
         tls: TlsFiles | None = None,
+        sasl_users: dict[str, str] | None = None,
     ) -> None:
         super().__init__(workdir, port)
         self._start_timeout = start_timeout
         self._binary = ""
         self._cluster_id = f"freshkey-{uuid.uuid4().hex[:12]}"
         self.tls = tls
-        self._front: TlsFront | None = None
+        self.sasl_users = dict(sasl_users or {})
+        self._front: KafkaFront | None = None
         self._internal_port: int | None = None
 
     @property
+    def front(self) -> KafkaFront | None:
+        """The TLS/SASL front (what it accepted and refused), None without TLS or SASL."""
+        return self._front
+
+    @property
     def client_config(self) -> dict[str, str]:
-        """librdkafka settings that reach this broker (``bootstrap.servers``, and TLS with its CA)."""
-        config = {"bootstrap.servers": self.bootstrap}
+        """librdkafka settings that reach this broker (``bootstrap.servers``; TLS with its CA; the first
+        SASL user, with SCRAM-SHA-512)."""
+        protocol = ("sasl_" if self.sasl_users else "") + ("ssl" if self.tls else "plaintext")
+        config = {"bootstrap.servers": self.bootstrap, "security.protocol": protocol}
+        if self.sasl_users:
+            user, password = next(iter(self.sasl_users.items()))
+            config["sasl.mechanism"] = "SCRAM-SHA-512"
+            config["sasl.username"] = user
+            config["sasl.password"] = password
         if self.tls is not None:
-            config["security.protocol"] = "ssl"
             config["ssl.ca.location"] = str(self.tls.ca)
         return config
 
@@ -107,12 +122,14 @@ class LocalKafka(LocalService):
 
     def _launch(self) -> None:
         url = advertised = f"tcp://{HOST}:{self.port}"
-        if self.tls is not None:
+        if self.tls is not None or self.sasl_users:
             if self._front is None or self._front.port != self.port:  # a new port after a failed start
                 if self._front is not None:
                     self._front.stop()
                 self._internal_port = free_port()
-                self._front = TlsFront(self._internal_port, self.tls, port=self.port).start()
+                self._front = KafkaFront(
+                    self._internal_port, tls=self.tls, sasl_users=self.sasl_users or None, port=self.port
+                ).start()
             url = f"tcp://{HOST}:{self._internal_port}"
         env = {k: v for k, v in os.environ.items() if k not in _TANSU_ENV}
         env["NO_COLOR"] = "1"  # plain text in kafka.out (Tansu colours its log lines otherwise)

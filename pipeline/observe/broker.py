@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 log = logging.getLogger(__name__)
@@ -31,10 +32,22 @@ class BrokerOffsets:
     with less than the log end (Tansu, measured here: the last record batch's base offset + 1); the
     progress keeps the highest figure from any source, and the consumer's own (fetch) high watermarks
     are exact there.
+
+    ``config``: more librdkafka settings, the security ones in particular
+    (``connectors.kafka.security.librdkafka_config``).
     """
 
-    def __init__(self, bootstrap: str, *, group_id: str, topic: str, timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        *,
+        group_id: str,
+        topic: str,
+        timeout_s: float = 5.0,
+        config: Mapping[str, Any] | None = None,
+    ) -> None:
         self.bootstrap = bootstrap
+        self._config = dict(config or {})
         self.group_id = group_id
         self.topic = topic
         self.timeout_s = timeout_s
@@ -50,6 +63,7 @@ class BrokerOffsets:
 
                 self._consumer = Consumer(
                     {
+                        **self._config,
                         "bootstrap.servers": self.bootstrap,
                         "group.id": self.group_id,
                         "enable.auto.commit": False,

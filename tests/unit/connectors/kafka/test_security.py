@@ -9,6 +9,7 @@ built). TLS is tested end to end in tests/integration/test_security_kafka.py.
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
 
 import pytest
@@ -19,6 +20,7 @@ from pydantic import ValidationError
 
 from connectors.exceptions import ConfigurationError
 from connectors.kafka.security import (
+    HideSaslPayloads,
     SecurityErrors,
     aiokafka_options,
     librdkafka_config,
@@ -227,3 +229,24 @@ def test_security_failures_name_the_setting(ca: CertificateAuthority) -> None:
     errors(login)
     errors(verify)
     assert errors.failure is not None and "refused the login" in str(errors.failure)  # the first one
+
+
+def test_aiokafka_debug_lines_keep_the_login_out() -> None:
+    """aiokafka logs each request at DEBUG with its fields: a PLAIN login carries the password in
+    clear. Without the filter the line shows it; with it, a placeholder."""
+    from aiokafka.protocol.admin import SaslAuthenticateRequest_v1
+
+    request = SaslAuthenticateRequest_v1(b"\x00freshkey\x00" + SECRET.encode())  # what aiokafka logs
+
+    def line(filtered: bool) -> str:
+        record = logging.LogRecord(
+            "aiokafka.conn", logging.DEBUG, __file__, 1, "Request %d: %s", (3, request), None
+        )
+        if filtered:
+            assert HideSaslPayloads().filter(record)
+        return record.getMessage()
+
+    assert SECRET in line(filtered=False)
+    assert SECRET not in line(filtered=True) and HideSaslPayloads.HIDDEN in line(filtered=True)
+    aiokafka_options(_plain_sasl())  # installs it on aiokafka's logger
+    assert any(isinstance(f, HideSaslPayloads) for f in logging.getLogger("aiokafka.conn").filters)
