@@ -15,10 +15,12 @@ import logging
 import socket
 from collections.abc import Mapping
 
+import faust
 import pymysql
 
 from cache_writer.retry import RetryPolicy
 from connectors.database import column_types, primary_key, table_columns
+from connectors.kafka.security import aiokafka_options, librdkafka_config
 from connectors.kafka.topics import topic_names
 from connectors.settings import KafkaSettings, MySQLSettings
 from pipeline.agents import changes, hotness, models, sla
@@ -37,6 +39,8 @@ from pipeline.processor import ChangeProcessor, Decoder
 from pipeline.tiers import Tiers
 from pipeline.web import install_dashboard
 from pipeline.web.api import install_api
+from pipeline.web.auth import auth_middleware
+from pipeline.web.settings import web_settings
 from schemas import Binding, Bindings, ChangeEvent, DdlEvent
 from schemas.debezium import DebeziumOptions, Skip, decode_any
 from schemas.values import ColumnType
@@ -58,6 +62,23 @@ def debezium_topic_names(options: DebeziumOptions, kafka: KafkaSettings) -> list
         )
     log.info("reading the Debezium topics %s", ", ".join(names))
     return names
+
+
+def faust_credentials(kafka: KafkaSettings) -> faust.types.auth.CredentialsT | None:
+    """FRESHKEY_KAFKA_SECURITY_PROTOCOL and its settings as Faust's ``broker_credentials``, which Faust
+    hands its aiokafka consumer and producer (the mapping itself: connectors.kafka.security)."""
+    options = aiokafka_options(kafka)
+    context = options.get("ssl_context")
+    if kafka.security_protocol.startswith("SASL_"):
+        return faust.SASLCredentials(
+            username=options["sasl_plain_username"],
+            password=options["sasl_plain_password"],
+            mechanism=options["sasl_mechanism"],
+            ssl_context=context,
+        )
+    if context is not None:
+        return faust.SSLCredentials(context)
+    return None
 
 
 def input_decoder(options: DebeziumOptions, mysql: MySQLSettings) -> Decoder:
@@ -90,16 +111,27 @@ def create_app(settings: AllSettings, bindings: Bindings) -> Worker:
     """The worker: its Faust app with every agent, timer and page installed. Installs the OpenTelemetry
     SDK (this is the worker's entry point)."""
     worker, kafka, redis = settings.worker, settings.kafka, settings.redis
+    web = web_settings(settings)
+    web_token = web.web_token.get_secret_value() if web.web_token else None
     app = FreshkeyApp(
         worker.app_id,
         fetch_max_wait_ms=worker.fetch_max_wait_ms,
         broker=f"kafka://{kafka.bootstrap}",
+        broker_credentials=faust_credentials(kafka),
         value_serializer="raw",
         key_serializer="raw",
         datadir=str(worker.data_dir),
         web_bind=worker.web_bind,
         web_port=worker.web_port,
         web_host=worker.web_bind,
+        # Every route but the health check needs FRESHKEY_WORKER_WEB_TOKEN when it is set; Faust's own
+        # pages (table contents, topology, internals) only with FRESHKEY_WORKER_FAUST_PAGES=true.
+        web_application_options={"middlewares": [auth_middleware(web_token)]},
+        web_router_enabled=web.faust_pages,
+        web_tables_enabled=web.faust_pages,
+        web_stats_enabled=web.faust_pages,
+        web_graph_enabled=web.faust_pages,
+        web_metrics_enabled=web.faust_pages,
         consumer_auto_offset_reset="earliest",
         broker_commit_interval=worker.commit_interval_s,
         broker_session_timeout=worker.session_timeout_s,
@@ -201,7 +233,9 @@ def create_app(settings: AllSettings, bindings: Bindings) -> Worker:
         sla=evaluator,
         otel=otel,
         progress=progress,
-        broker_offsets=BrokerOffsets(kafka.bootstrap, group_id=worker.app_id, topic=kafka.change_topic),
+        broker_offsets=BrokerOffsets(
+            kafka.bootstrap, group_id=worker.app_id, topic=kafka.change_topic, config=librdkafka_config(kafka)
+        ),
         signature_log=signature_log,
     )
 

@@ -1,5 +1,5 @@
-"""The worker's JSON routes (besides the dashboard's own): stats, SLA, consumer lag, verification,
-signature changes."""
+"""The worker's JSON routes (besides the dashboard's own): health, stats, SLA, consumer lag,
+verification, signature changes. Who may read them: :mod:`pipeline.web.auth`."""
 
 from __future__ import annotations
 
@@ -7,10 +7,21 @@ from typing import Any
 
 from cache_writer.layout import latest_verification_key
 from pipeline.context import Worker
+from pipeline.web.auth import HEALTH_PATH
+from pipeline.web.health import health, redact_verification
+from pipeline.web.settings import web_settings
 
 
 def install_api(w: Worker) -> None:
     app, processor = w.app, w.processor
+    show_values = web_settings(w.settings).web_show_values
+
+    @app.page(HEALTH_PATH)
+    async def health_page(web: Any, request: Any) -> Any:
+        """200 when the change agent consumes and every tier answers, 503 otherwise (no secrets, and
+        no token needed: see pipeline.web.health)."""
+        status, body = await health(w)
+        return web.json(body, status=status, headers={"Cache-Control": "no-store"})
 
     @app.page("/freshkey/stats")
     async def stats_page(web: Any, request: Any) -> Any:
@@ -33,13 +44,14 @@ def install_api(w: Worker) -> None:
 
     @app.page("/freshkey/verify")
     async def verify_page(web: Any, request: Any) -> Any:
-        """The latest ``freshkey verify`` result (it stores it in Redis), 404 before the first run."""
+        """The latest ``freshkey verify`` result (it stores it in Redis), 404 before the first run. Its
+        examples show keys and versions; row values only with FRESHKEY_WORKER_WEB_SHOW_VALUES=true."""
         if not w.tiers.ready.is_set():
             return web.json({"error": "tiers not ready"}, status=503)
         raw = await w.tiers.l2.get(latest_verification_key(w.settings.redis.key_prefix))
         if raw is None:
             return web.json({"error": "no verification yet"}, status=404)
-        return web.bytes(raw, content_type="application/json")
+        return web.bytes(raw if show_values else redact_verification(raw), content_type="application/json")
 
     @app.page("/freshkey/cutovers")
     async def cutovers_page(web: Any, request: Any) -> Any:

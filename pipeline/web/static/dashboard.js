@@ -162,6 +162,12 @@
 
   async function getJSON(url) {
     const response = await fetch(url, { cache: "no-store", headers: { Accept: "application/json" } });
+    if (response.status === 401) {
+      // The worker wants its token (FRESHKEY_WORKER_WEB_TOKEN) and this browser's session is gone (a
+      // restart with another token): log in again, then come back here.
+      window.location.assign("/freshkey/login?next=" + encodeURIComponent(location.pathname + location.search));
+      throw new Error(url + ": HTTP 401 (logging in)");
+    }
     if (response.status === 404) return { status: 404, data: null };
     if (!response.ok) throw new Error(url + ": HTTP " + response.status);
     return { status: response.status, data: await response.json() };
