@@ -226,3 +226,15 @@ def wait_until(
             raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
         time.sleep(interval_s)
     return time.monotonic() - start
+
+
+def wait_idle(pid: int, timeout_s: float, check: Callable[[], None], busy: float = 0.05) -> None:
+    """Until ``pid`` uses less than ``busy`` of a core over 0.3 s."""
+
+    def idle() -> bool:
+        start = cpu_seconds(pid)
+        time.sleep(0.3)
+        end = cpu_seconds(pid)
+        return start is not None and end is not None and end - start < busy * 0.3
+
+    wait_until(idle, timeout_s, f"process {pid} to go idle", check, 0)

@@ -34,7 +34,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from pipeline.bench.pipeline import Progress as BenchProgress
+from pipeline.bench.config import Progress as BenchProgress
 
 console = Console()
 
@@ -208,7 +208,8 @@ def pipeline_bench(
 
     import orjson
 
-    from pipeline.bench.pipeline import BenchConfig, BenchError, PipelineBench, parse_only
+    from pipeline.bench.config import BenchConfig, BenchError, parse_only
+    from pipeline.bench.pipeline import PipelineBench
     from pipeline.bench.report import NOTES, render, summarize
 
     try:
@@ -260,7 +261,7 @@ def pipeline_bench(
 
 
 class _RichProgress(BenchProgress):
-    """:class:`pipeline.bench.pipeline.Progress` as a rich progress bar, with result lines above it."""
+    """:class:`pipeline.bench.config.Progress` as a rich progress bar, with result lines above it."""
 
     def __init__(self) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from pipeline.bench.pipeline import BenchConfig, parse_only
+from pipeline.bench.config import BenchConfig, parse_only
 from pipeline.bench.report import render, summarize
 
 
