@@ -35,6 +35,16 @@ from schemas import BindingError, parse_bindings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_PATH = REPO_ROOT / "docker-compose.yml"
+HEALTHCHECK_SCRIPT = REPO_ROOT / "deploy" / "healthcheck.py"
+HEALTHCHECK_TARGET = "/etc/freshkey/healthcheck.py"
+"""Where docker-compose.yml mounts deploy/healthcheck.py in the connector and the worker."""
+PROFILES: dict[str, Path] = {
+    "kafka-cluster": REPO_ROOT / "deploy" / "kafka-cluster.env",
+    "redis-cluster": REPO_ROOT / "deploy" / "redis-cluster.env",
+}
+"""Each profile of docker-compose.yml and its env file (``--profile P --env-file F``)."""
+SCALED_SERVICE = "worker"
+"""The service `docker compose up --scale worker=N` replicates."""
 
 SETTINGS_CLASSES: tuple[type[BaseSettings], ...] = (
     MySQLSettings,
@@ -109,12 +119,42 @@ def _interpolated(node: Any, env: Mapping[str, str]) -> Any:
     return node
 
 
-def load_compose(path: Path = COMPOSE_PATH, env: Mapping[str, str] | None = None) -> Compose:
-    """The compose file as Compose sees it with ``env`` (by default: no overrides, every default used)."""
+def load_compose(
+    path: Path = COMPOSE_PATH, env: Mapping[str, str] | None = None, profiles: tuple[str, ...] = ()
+) -> Compose:
+    """The compose file as Compose sees it with ``env`` (by default: no overrides, every default used) and
+    ``profiles`` active: a service with ``profiles:`` is there only when one of them is active."""
     data = yaml.safe_load(path.read_text())
     assert isinstance(data, dict), f"{path}: not a YAML mapping"
     result: Compose = _interpolated(data, env or {})
+    result["services"] = {
+        name: service
+        for name, service in (result.get("services") or {}).items()
+        if not service.get("profiles") or set(service["profiles"]) & set(profiles)
+    }
     return result
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """``KEY=VALUE`` lines of an env file as Compose reads it for ``--env-file`` (comments and blank lines
+    skipped, no quoting used here)."""
+    values: dict[str, str] = {}
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        name, sep, value = line.partition("=")
+        assert sep and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name), f"{path}:{number}: not KEY=VALUE"
+        values[name] = value
+    return values
+
+
+def load_profile(names: tuple[str, ...], path: Path = COMPOSE_PATH) -> Compose:
+    """The compose file with these profiles and their env files (later files win, as with several
+    ``--env-file``)."""
+    env: dict[str, str] = {}
+    for name in names:
+        env.update(read_env_file(PROFILES[name]))
+    return load_compose(path, env, names)
 
 
 def services(compose: Compose) -> dict[str, dict[str, Any]]:
@@ -296,13 +336,6 @@ def check_wiring(compose: Compose) -> Problems:
     listener and the redis service."""
     problems: Problems = []
     svc = services(compose)
-    kafka_env = environment(svc.get("kafka", {}))
-    advertised = _listeners(kafka_env.get("KAFKA_ADVERTISED_LISTENERS"))
-    bound = _listeners(kafka_env.get("KAFKA_LISTENERS"))
-    protocols = dict(
-        item.split(":", 1)
-        for item in (kafka_env.get("KAFKA_LISTENER_SECURITY_PROTOCOL_MAP") or "").split(",")
-    )
     mysql_port = mysqld_options(svc.get("mysql", {})).get("port", "3306")
     redis_args = command_args(svc.get("redis", {}))
     redis_port = redis_args[redis_args.index("--port") + 1] if "--port" in redis_args else "6379"
@@ -319,11 +352,22 @@ def check_wiring(compose: Compose) -> Problems:
         service = svc.get(name, {})
         bootstrap = effective_env(service, "FRESHKEY_KAFKA_BOOTSTRAP", KafkaSettings, "bootstrap")
         for address in bootstrap.split(","):
-            listener = next((n for n, hp in advertised.items() if hp == address.strip()), None)
-            if listener is None or not address.startswith("kafka:"):
+            address = address.strip()
+            broker = address.rpartition(":")[0]
+            kafka_env = environment(svc.get(broker, {})) if broker in kafka_services(compose) else {}
+            advertised = _listeners(kafka_env.get("KAFKA_ADVERTISED_LISTENERS"))
+            bound = _listeners(kafka_env.get("KAFKA_LISTENERS"))
+            protocols = dict(
+                item.split(":", 1)
+                for item in (kafka_env.get("KAFKA_LISTENER_SECURITY_PROTOCOL_MAP") or "").split(",")
+                if ":" in item
+            )
+            listener = next((n for n, hp in advertised.items() if hp == address), None)
+            if listener is None:
                 problems.append(
-                    f"{name}: FRESHKEY_KAFKA_BOOTSTRAP={bootstrap} is not an advertised listener of the "
-                    f"kafka service on its service name (advertised: {advertised})"
+                    f"{name}: FRESHKEY_KAFKA_BOOTSTRAP={bootstrap} is not an advertised listener of running "
+                    f"kafka services on their service names: {address} (kafka services: "
+                    f"{sorted(kafka_services(compose))}; advertised by {broker or address}: {advertised})"
                 )
             elif listener not in bound or bound[listener].split(":")[-1] != address.split(":")[-1]:
                 problems.append(
@@ -393,27 +437,220 @@ def check_ports(compose: Compose) -> Problems:
     return problems
 
 
+def kafka_services(compose: Compose) -> dict[str, dict[str, Any]]:
+    """The running services that are Kafka nodes (the apache/kafka image)."""
+    return {n: s for n, s in services(compose).items() if str(s.get("image", "")).startswith("apache/kafka:")}
+
+
+def _roles(service: Mapping[str, Any]) -> set[str]:
+    return set(filter(None, (environment(service).get("KAFKA_PROCESS_ROLES") or "").split(",")))
+
+
+def _healthcheck_text(service: Mapping[str, Any]) -> str:
+    test = (service.get("healthcheck") or {}).get("test") or []
+    return test if isinstance(test, str) else " ".join(str(part) for part in test)
+
+
 def check_kafka(compose: Compose) -> Problems:
-    kafka_env = environment(services(compose).get("kafka", {}))
+    """Each Kafka node: no topic auto-creation, a valid cluster id; together: one cluster (one id, unique
+    node ids, every controller a voter and every voter a running controller listening where the voters
+    say), the kafka service (the apps' dependency) healthy only once every running broker registered,
+    and replication factors the running brokers can meet."""
     problems: Problems = []
-    auto_create = kafka_env.get("KAFKA_AUTO_CREATE_TOPICS_ENABLE")
-    if str(auto_create).lower() != "false":
+    nodes = kafka_services(compose)
+    if "kafka" not in nodes:
+        return ["kafka: the service the apps depend on is not a running apache/kafka node"]
+    if _roles(nodes["kafka"]) != {"broker", "controller"}:
         problems.append(
-            f"kafka: KAFKA_AUTO_CREATE_TOPICS_ENABLE={auto_create!r}, want 'false' "
-            "(freshkey creates its topics with the configured partition count)"
+            f"kafka: KAFKA_PROCESS_ROLES={environment(nodes['kafka']).get('KAFKA_PROCESS_ROLES')!r}, "
+            "want broker,controller"
         )
-    roles = set((kafka_env.get("KAFKA_PROCESS_ROLES") or "").split(","))
-    if roles != {"broker", "controller"}:
+    ids: dict[str, str] = {}
+    for name, node in nodes.items():
+        env = environment(node)
+        auto_create = env.get("KAFKA_AUTO_CREATE_TOPICS_ENABLE")
+        if str(auto_create).lower() != "false":
+            problems.append(
+                f"{name}: KAFKA_AUTO_CREATE_TOPICS_ENABLE={auto_create!r}, want 'false' "
+                "(freshkey creates its topics with the configured partition count)"
+            )
+        cluster_id = env.get("CLUSTER_ID") or ""
+        try:
+            valid_id = len(base64.urlsafe_b64decode(cluster_id + "==")) == 16 and len(cluster_id) == 22
+        except ValueError:
+            valid_id = False
+        if not valid_id:
+            problems.append(f"{name}: CLUSTER_ID={cluster_id!r} is not a base64url-encoded 16-byte UUID")
+        ids[name] = env.get("KAFKA_NODE_ID") or ""
+    if len({environment(n).get("CLUSTER_ID") for n in nodes.values()}) > 1:
         problems.append(
-            f"kafka: KAFKA_PROCESS_ROLES={kafka_env.get('KAFKA_PROCESS_ROLES')!r}, want broker,controller"
+            f"kafka nodes {sorted(nodes)} have different CLUSTER_IDs: they would not form one cluster"
         )
-    cluster_id = kafka_env.get("CLUSTER_ID") or ""
-    try:
-        valid_id = len(base64.urlsafe_b64decode(cluster_id + "==")) == 16 and len(cluster_id) == 22
-    except ValueError:
-        valid_id = False
-    if not valid_id:
-        problems.append(f"kafka: CLUSTER_ID={cluster_id!r} is not a base64url-encoded 16-byte UUID")
+    if len(set(ids.values())) != len(ids):
+        problems.append(f"kafka nodes share a KAFKA_NODE_ID: {ids}")
+    for name, node in nodes.items():
+        env = environment(node)
+        voters = [
+            v.strip() for v in (env.get("KAFKA_CONTROLLER_QUORUM_VOTERS") or "").split(",") if v.strip()
+        ]
+        for voter in voters:
+            node_id, _, address = voter.partition("@")
+            host, _, port = address.rpartition(":")
+            target = nodes.get(host)
+            controller = _listeners((environment(target) if target else {}).get("KAFKA_LISTENERS")).get(
+                (env.get("KAFKA_CONTROLLER_LISTENER_NAMES") or "CONTROLLER").split(",")[0], ""
+            )
+            if target is None or "controller" not in _roles(target) or ids.get(host) != node_id:
+                problems.append(
+                    f"{name}: KAFKA_CONTROLLER_QUORUM_VOTERS names {voter}, but no running kafka node "
+                    f"{host} with KAFKA_NODE_ID {node_id} and the controller role"
+                )
+            elif controller.rpartition(":")[2] != port:
+                problems.append(
+                    f"{name}: voter {voter}, but {host} listens for controllers on {controller!r}"
+                )
+        if "controller" in _roles(node) and f"{ids[name]}@{name}" not in {
+            v.rpartition(":")[0] for v in voters
+        }:
+            problems.append(
+                f"{name}: a controller missing from its own KAFKA_CONTROLLER_QUORUM_VOTERS {voters}"
+            )
+    brokers = [n for n, node in nodes.items() if "broker" in _roles(node)]
+    wait = re.search(r"-ge (\d+)", _healthcheck_text(nodes["kafka"]))
+    if wait is None or int(wait[1]) != len(brokers):
+        problems.append(
+            f"kafka: its healthcheck waits for {wait[1] if wait else 'no count of'} registered brokers, "
+            f"but {len(brokers)} run ({', '.join(brokers)}): set KAFKA_BROKERS"
+        )
+    kafka_env = environment(nodes["kafka"])
+    factors = {
+        "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR": kafka_env.get("KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR"),
+        "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR": kafka_env.get(
+            "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR"
+        ),
+    }
+    for name in APP_SERVICES:
+        factors[f"{name}: FRESHKEY_KAFKA_REPLICATION_FACTOR"] = effective_env(
+            services(compose).get(name, {}),
+            "FRESHKEY_KAFKA_REPLICATION_FACTOR",
+            KafkaSettings,
+            "replication_factor",
+        )
+    min_isr = int(kafka_env.get("KAFKA_MIN_INSYNC_REPLICAS") or 1)
+    for what, value in factors.items():
+        factor = int(value or 1)
+        if factor > len(brokers):
+            problems.append(f"{what}={factor}, but only {len(brokers)} kafka broker(s) run")
+        elif min_isr > factor:
+            problems.append(
+                f"{what}={factor} is below KAFKA_MIN_INSYNC_REPLICAS={min_isr}: no acks=all write succeeds"
+            )
+    return problems
+
+
+def _redis_args(service: Mapping[str, Any]) -> dict[str, str]:
+    args = command_args(service)
+    if args[:1] != ["redis-server"]:
+        return {}
+    return {
+        a[2:]: (args[i + 1] if i + 1 < len(args) else "") for i, a in enumerate(args) if a.startswith("--")
+    }
+
+
+def check_redis_cluster(compose: Compose) -> Problems:
+    """FRESHKEY_REDIS_CLUSTER matches the redis service's cluster mode; a cluster has at least three
+    running cluster-enabled masters, all of them in the create job's list, and the redis service (the
+    apps' dependency) is healthy only once the cluster serves every slot."""
+    svc = services(compose)
+    problems: Problems = []
+    cluster_nodes = sorted(n for n, s in svc.items() if _redis_args(s).get("cluster-enabled") == "yes")
+    redis_mode = _redis_args(svc.get("redis", {})).get("cluster-enabled", "no")
+    for name in APP_SERVICES:
+        flag = effective_env(svc.get(name, {}), "FRESHKEY_REDIS_CLUSTER", RedisSettings, "cluster")
+        if (flag.lower() in ("true", "1", "yes")) != (redis_mode == "yes"):
+            problems.append(
+                f"{name}: FRESHKEY_REDIS_CLUSTER={flag} but the redis service runs "
+                f"--cluster-enabled {redis_mode}"
+            )
+    creators = [n for n, s in svc.items() if "--cluster create" in " ".join(command_args(s))]
+    if redis_mode != "yes":
+        problems += [
+            f"{name}: runs redis-cli --cluster create, but the redis service is standalone "
+            "(--cluster-enabled no): the job fails; use the profile's env file (REDIS_CLUSTER_ENABLED=yes)"
+            for name in creators
+        ]
+        return problems
+    if len(cluster_nodes) < 3:
+        problems.append(f"redis: a Redis Cluster needs three masters, running: {cluster_nodes}")
+    if not creators:
+        problems.append("redis: cluster mode, but no running service runs redis-cli --cluster create")
+    for name in creators:
+        listed = re.search(r"for host in ([^;]+);", " ".join(command_args(svc[name])))
+        hosts = sorted(listed[1].split()) if listed else []
+        if hosts != cluster_nodes:
+            problems.append(
+                f"{name}: creates the cluster of {hosts}, but the cluster nodes are {cluster_nodes}"
+            )
+    if "cluster_state:ok" not in _healthcheck_text(svc.get("redis", {})):
+        problems.append("redis: in cluster mode its healthcheck must wait for cluster_state:ok")
+    return problems
+
+
+_PINNED = re.compile(r"^[^:@]+:v?\d+\.\d+(\.\d+)*([-.][A-Za-z0-9.-]+)?$")
+
+
+def check_images(compose: Compose) -> Problems:
+    """Every image pulled (and the Dockerfile's base) is pinned to a minor version or finer: ``redis:7``
+    or ``latest`` changes under a running deployment at the next pull."""
+    problems: Problems = []
+    for name, service in services(compose).items():
+        image = str(service.get("image", ""))
+        if "build" in service:
+            continue
+        if not _PINNED.match(image):
+            problems.append(f"{name}: image {image!r} is not pinned to a minor version (e.g. redis:7.4)")
+    for line in (REPO_ROOT / "Dockerfile").read_text().splitlines():
+        if line.startswith("FROM ") and not _PINNED.match(line.split()[1]):
+            problems.append(f"Dockerfile: {line!r} is not pinned to a minor version")
+    return problems
+
+
+def check_healthchecks(compose: Compose) -> Problems:
+    """The connector and the worker run deploy/healthcheck.py, mounted read-only where the test runs it."""
+    problems: Problems = []
+    for name in APP_SERVICES:
+        service = services(compose).get(name, {})
+        want = ["CMD", "python", HEALTHCHECK_TARGET, name]
+        test = (service.get("healthcheck") or {}).get("test")
+        if test != want:
+            problems.append(f"{name}: healthcheck test is {test!r}, want {want}")
+        mount = next((m for m in volume_mounts(service) if m[1] == HEALTHCHECK_TARGET), None)
+        if mount is None or not is_bind_mount(mount[0]) or host_path(mount[0]) != HEALTHCHECK_SCRIPT:
+            problems.append(f"{name}: ./deploy/healthcheck.py is not mounted at {HEALTHCHECK_TARGET}")
+        elif not mount[2]:
+            problems.append(f"{name}: the healthcheck mount {mount[0]}:{mount[1]} is not read-only (add :ro)")
+    return problems
+
+
+def check_scale(compose: Compose) -> Problems:
+    """``docker compose up --scale worker=N`` starts N replicas: no fixed container name or hostname, and
+    no fixed host port (two replicas cannot bind one; host port ranges are not shared out by Compose v2)."""
+    service = services(compose).get(SCALED_SERVICE, {})
+    problems: Problems = []
+    for key in ("container_name", "hostname"):
+        if key in service:
+            problems.append(f"{SCALED_SERVICE}: {key}={service[key]!r} stops `--scale {SCALED_SERVICE}=N`")
+    for entry in service.get("ports") or []:
+        host_port = (
+            entry.get("published")
+            if isinstance(entry, dict)
+            else (str(entry).split("/")[0].rsplit(":", 2)[-2] if ":" in str(entry) else "")
+        )
+        if host_port:
+            problems.append(
+                f"{SCALED_SERVICE}: port {entry!r} fixes host port {host_port}: a second replica cannot bind "
+                "it; publish 127.0.0.1::<container port>"
+            )
     return problems
 
 
@@ -710,6 +947,10 @@ CHECKS: dict[str, Callable[[Compose], Problems]] = {
     "server_ids": check_server_ids,
     "ports": check_ports,
     "kafka": check_kafka,
+    "redis_cluster": check_redis_cluster,
+    "images": check_images,
+    "healthchecks": check_healthchecks,
+    "scale": check_scale,
     "bindings_mount": check_bindings_mount,
     "referenced_files": check_referenced_files,
     "metrics_scrape": check_metrics_scrape,

@@ -19,12 +19,20 @@ compose file to the same functions and assert that the problem is reported.
 from __future__ import annotations
 
 import copy
+import http.server
+import importlib.util
+import os
 import re
 import shutil
-from collections.abc import Callable
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import prometheus_client
 import pytest
 import yaml
 from packaging.specifiers import SpecifierSet
@@ -32,16 +40,21 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from connectors import heartbeat as heartbeat_module
 from connectors.heartbeat import HeartbeatSettings
+from connectors.metrics import ConnectorMetrics
 from connectors.settings import KafkaSettings
 from pipeline.demo import stack as demo
+from pipeline.observe.telemetry import configure_telemetry
+from pipeline.settings import TelemetrySettings, WorkerSettings
 from schemas import parse_bindings
 from tests.support import compose as compose_linter
 from tests.support.compose import (
     APP_SERVICES,
     CHECKS,
     COMPOSE_PATH,
+    HEALTHCHECK_SCRIPT,
     HEARTBEAT_SERVICE,
     MYSQL_CLIENTS,
+    PROFILES,
     REPO_ROOT,
     SETTINGS_CLASSES,
     Compose,
@@ -51,13 +64,18 @@ from tests.support.compose import (
     check_env_values,
     check_grafana,
     check_heartbeat,
+    check_kafka,
     check_metrics_scrape,
+    check_redis_cluster,
+    check_wiring,
     effective_env,
     environment,
     host_path,
     interpolate,
     is_bind_mount,
     load_compose,
+    load_profile,
+    read_env_file,
     report,
     services,
     settings_env_names,
@@ -497,6 +515,98 @@ BROKEN: list[tuple[str, Callable[[Compose], object], str, str]] = [
         "heartbeat",
         "mysql: no init script grants 'beater' CREATE, DELETE, INSERT on freshkey.heartbeat",
     ),
+    (
+        "redis image on a major version only",
+        lambda c: services(c)["redis"].update(image="redis:7"),
+        "images",
+        "redis: image 'redis:7' is not pinned to a minor version",
+    ),
+    (
+        "grafana image latest",
+        lambda c: services(c)["grafana"].update(image="grafana/grafana:latest"),
+        "images",
+        "grafana: image 'grafana/grafana:latest' is not pinned",
+    ),
+    (
+        "image without a tag",
+        lambda c: services(c)["mysql"].update(image="mysql"),
+        "images",
+        "mysql: image 'mysql' is not pinned",
+    ),
+    (
+        "connector without a healthcheck",
+        lambda c: services(c)["connector"].pop("healthcheck"),
+        "healthchecks",
+        "connector: healthcheck test is None, want "
+        "['CMD', 'python', '/etc/freshkey/healthcheck.py', 'connector']",
+    ),
+    (
+        "worker checks the connector",
+        lambda c: services(c)["worker"]["healthcheck"].update(
+            test=["CMD", "python", "/etc/freshkey/healthcheck.py", "connector"]
+        ),
+        "healthchecks",
+        "worker: healthcheck test is",
+    ),
+    (
+        "healthcheck script not mounted",
+        lambda c: services(c)["worker"].update(
+            volumes=[v for v in services(c)["worker"]["volumes"] if "healthcheck" not in v]
+        ),
+        "healthchecks",
+        "worker: ./deploy/healthcheck.py is not mounted at /etc/freshkey/healthcheck.py",
+    ),
+    (
+        "healthcheck script mounted writable",
+        lambda c: services(c)["connector"].update(
+            volumes=[
+                v.replace("healthcheck.py:ro", "healthcheck.py") for v in services(c)["connector"]["volumes"]
+            ]
+        ),
+        "healthchecks",
+        "connector: the healthcheck mount ./deploy/healthcheck.py:/etc/freshkey/healthcheck.py "
+        "is not read-only",
+    ),
+    (
+        "worker with a container name",
+        lambda c: services(c)["worker"].update(container_name="freshkey-worker"),
+        "scale",
+        "worker: container_name='freshkey-worker' stops `--scale worker=N`",
+    ),
+    (
+        "worker on a fixed host port",
+        lambda c: services(c)["worker"].update(ports=["127.0.0.1:6066:6066", "127.0.0.1::9464"]),
+        "scale",
+        "worker: port '127.0.0.1:6066:6066' fixes host port 6066",
+    ),
+    (
+        "worker on a fixed host port, long syntax",
+        lambda c: services(c)["worker"].update(
+            ports=[{"target": 6066, "published": "6066", "host_ip": "127.0.0.1"}, "127.0.0.1::9464"]
+        ),
+        "scale",
+        "fixes host port 6066",
+    ),
+    (
+        "worker on a host port range",
+        lambda c: services(c)["worker"].update(ports=["127.0.0.1:6066-6069:6066", "127.0.0.1::9464"]),
+        "scale",
+        "fixes host port 6066-6069",
+    ),
+    (
+        "redis in cluster mode, apps not",
+        lambda c: services(c)["redis"].update(
+            command=["redis-server", "--save", "", "--appendonly", "no", "--cluster-enabled", "yes"]
+        ),
+        "redis_cluster",
+        "connector: FRESHKEY_REDIS_CLUSTER=false but the redis service runs --cluster-enabled yes",
+    ),
+    (
+        "kafka replication factor above the brokers",
+        lambda c: _env("connector")(c).update(FRESHKEY_KAFKA_REPLICATION_FACTOR="3"),
+        "kafka",
+        "connector: FRESHKEY_KAFKA_REPLICATION_FACTOR=3, but only 1 kafka broker(s) run",
+    ),
 ]
 
 
@@ -660,3 +770,348 @@ def test_heartbeat_check_wants_a_precise_commit_clock(compose: Compose, tmp_path
     services(broken)["worker"]["volumes"] = [f"{bindings}:/etc/freshkey/bindings.yaml:ro"]
     problems = check_heartbeat(broken)
     assert any("binding of freshkey.heartbeat has no commit_time_column" in p for p in problems), problems
+
+
+# --- profiles: the file as `--profile P --env-file deploy/P.env` makes it -------------------------------
+
+PROFILE_SETS = [("kafka-cluster",), ("redis-cluster",), ("kafka-cluster", "redis-cluster")]
+
+
+@pytest.mark.parametrize("profiles", PROFILE_SETS, ids="+".join)
+def test_compose_profiles_pass_every_check(
+    profiles: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    compose = load_profile(profiles)
+    problems = [p for check in CHECKS.values() for p in check(compose)]
+    problems += check_env_values(compose, monkeypatch)
+    assert not problems, report(problems)
+    running = set(services(compose))
+    app = environment(services(compose)["worker"])
+    if "kafka-cluster" in profiles:
+        assert {"kafka", "kafka-2", "kafka-3"} <= running
+        assert app["FRESHKEY_KAFKA_REPLICATION_FACTOR"] == "3"
+        assert environment(services(compose)["kafka"])["KAFKA_MIN_INSYNC_REPLICAS"] == "2"
+    if "redis-cluster" in profiles:
+        assert {"redis", "redis-2", "redis-3", "redis-cluster-create"} <= running
+        assert app["FRESHKEY_REDIS_CLUSTER"] == "true"
+
+
+@pytest.mark.parametrize("profiles", PROFILE_SETS, ids="+".join)
+def test_compose_profiles_follow_the_compose_specification(profiles: tuple[str, ...], tmp_path: Path) -> None:
+    """The interpolated file of each profile, every service as Compose would run it, against the schema."""
+    compose = load_profile(profiles)
+    path = tmp_path / "docker-compose.yml"
+    path.write_text(yaml.safe_dump(compose, sort_keys=False))
+    problems = check_compose_schema(path)
+    assert not problems, report(problems)
+
+
+@pytest.mark.parametrize(
+    ("env", "profiles", "expected"),
+    [
+        ("kafka-cluster", (), "FRESHKEY_REPLICATION_FACTOR=3, but only 1 kafka broker(s) run"),
+        ("kafka-cluster", (), "kafka-2:9092 (kafka services: ['kafka']"),
+        (None, ("kafka-cluster",), "its healthcheck waits for 1 registered brokers, but 3 run"),
+        ("redis-cluster", (), "a Redis Cluster needs three masters, running: ['redis']"),
+        (None, ("redis-cluster",), "redis-cluster-create: runs redis-cli --cluster create, but the redis"),
+    ],
+    ids=[
+        "kafka env alone",
+        "kafka env alone bootstrap",
+        "kafka profile alone",
+        "redis env alone",
+        "redis profile alone",
+    ],
+)
+def test_a_profile_without_its_env_file_is_reported(
+    env: str | None, profiles: tuple[str, ...], expected: str
+) -> None:
+    compose = load_compose(env=read_env_file(PROFILES[env]) if env else {}, profiles=profiles)
+    problems = [p for check in CHECKS.values() for p in check(compose)]
+    assert any(
+        expected.replace("FRESHKEY_REPLICATION", "FRESHKEY_KAFKA_REPLICATION") in p for p in problems
+    ), problems
+
+
+def _kafka_cluster() -> Compose:
+    return load_profile(("kafka-cluster",))
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (
+            lambda c: _env("kafka-3")(c).update(CLUSTER_ID="AAAAAAAAAAAAAAAAAAAAAA"),
+            "have different CLUSTER_IDs",
+        ),
+        (lambda c: _env("kafka-3")(c).update(KAFKA_NODE_ID="2"), "kafka nodes share a KAFKA_NODE_ID"),
+        (
+            lambda c: _env("kafka-2")(c).update(KAFKA_CONTROLLER_QUORUM_VOTERS="1@kafka:9093,2@kafka-2:9093"),
+            "names 2@kafka-2:9093, but no running kafka node kafka-2 with KAFKA_NODE_ID 2 and the controller",
+        ),
+        (
+            lambda c: _env("kafka")(c).update(KAFKA_CONTROLLER_QUORUM_VOTERS="1@kafka:9094"),
+            "voter 1@kafka:9094, but kafka listens for controllers on '0.0.0.0:9093'",
+        ),
+        (
+            lambda c: _env("kafka")(c).update(
+                KAFKA_MIN_INSYNC_REPLICAS="4", KAFKA_TRANSACTION_STATE_LOG_MIN_ISR="4"
+            ),
+            "worker: FRESHKEY_KAFKA_REPLICATION_FACTOR=3 is below KAFKA_MIN_INSYNC_REPLICAS=4",
+        ),
+        (lambda c: services(c).pop("kafka-3"), "its healthcheck waits for 3 registered brokers, but 2 run"),
+        (
+            lambda c: _env("worker")(c).update(FRESHKEY_KAFKA_BOOTSTRAP="kafka:9092,kafka-4:9092"),
+            "kafka-4:9092 (kafka services:",
+        ),
+    ],
+    ids=["cluster id", "node id", "voters", "controller port", "min isr", "broker gone", "bootstrap"],
+)
+def test_kafka_cluster_checks_report_a_broken_cluster(
+    mutate: Callable[[Compose], object], expected: str
+) -> None:
+    compose = _kafka_cluster()
+    assert not check_kafka(compose) and not check_wiring(compose)
+    mutate(compose)
+    problems = check_kafka(compose) + check_wiring(compose)
+    assert any(expected in p for p in problems), problems
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (
+            lambda c: services(c).pop("redis-3"),
+            "a Redis Cluster needs three masters, running: ['redis', 'redis-2']",
+        ),
+        (
+            lambda c: services(c)["redis-cluster-create"]["command"].__setitem__(
+                -1, services(c)["redis-cluster-create"]["command"][-1].replace(" redis-3;", ";")
+            ),
+            "creates the cluster of ['redis', 'redis-2'], but the cluster nodes are",
+        ),
+        (
+            lambda c: services(c).pop("redis-cluster-create"),
+            "no running service runs redis-cli --cluster create",
+        ),
+        (
+            lambda c: services(c)["redis"].update(healthcheck={"test": ["CMD", "redis-cli", "ping"]}),
+            "its healthcheck must wait for cluster_state:ok",
+        ),
+        (
+            lambda c: _env("worker")(c).update(FRESHKEY_REDIS_CLUSTER="false"),
+            "worker: FRESHKEY_REDIS_CLUSTER=false but the redis service runs --cluster-enabled yes",
+        ),
+    ],
+    ids=["node gone", "create list", "no create job", "healthcheck", "client not in cluster mode"],
+)
+def test_redis_cluster_checks_report_a_broken_cluster(
+    mutate: Callable[[Compose], object], expected: str
+) -> None:
+    compose = copy.deepcopy(load_profile(("redis-cluster",)))
+    assert not check_redis_cluster(compose)
+    mutate(compose)
+    problems = check_redis_cluster(compose)
+    assert any(expected in p for p in problems), problems
+
+
+def test_env_files_are_what_the_docs_say() -> None:
+    """The header of docker-compose.yml and each env file name the same command."""
+    header = COMPOSE_PATH.read_text().split("\nname:", 1)[0]
+    for profile, path in PROFILES.items():
+        command = f"docker compose --profile {profile} --env-file {path.relative_to(REPO_ROOT)} up --build"
+        assert command in header, f"docker-compose.yml does not document `{command}`"
+        assert command in path.read_text(), f"{path} does not say how it is used"
+        assert read_env_file(path), f"{path} sets nothing"
+
+
+# --- deploy/healthcheck.py against stand-in servers -----------------------------------------------------
+
+
+class _StandIn:
+    """An HTTP server on a free loopback port that answers each path with a fixed (status, body) and
+    keeps the Authorization header of every request."""
+
+    def __init__(self, routes: dict[str, tuple[int, bytes]]) -> None:
+        self.routes = routes
+        self.authorization: list[str | None] = []
+        stand_in = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                stand_in.authorization.append(self.headers.get("Authorization"))
+                status, body = stand_in.routes.get(self.path, (404, b"not found"))
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def stand_in() -> Iterator[Callable[[dict[str, tuple[int, bytes]]], _StandIn]]:
+    started: list[_StandIn] = []
+
+    def start(routes: dict[str, tuple[int, bytes]]) -> _StandIn:
+        started.append(_StandIn(routes))
+        return started[-1]
+
+    yield start
+    for server in started:
+        server.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def run_healthcheck(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    """``python deploy/healthcheck.py ARGS`` as the container runs it: exit status and output."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("FRESHKEY_")}
+    result = subprocess.run(
+        [sys.executable, str(HEALTHCHECK_SCRIPT), *args],
+        env={**clean, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    return result.returncode, result.stdout + result.stderr
+
+
+def _exposition(connected: int | None) -> bytes:
+    """/metrics as the connector serves it: the real OpenTelemetry Prometheus exporter and the
+    connector's real instruments, with its connection state ``connected`` (None: no connector runs)."""
+    telemetry = configure_telemetry(
+        TelemetrySettings(connector_prometheus_port=0), service="connector", set_global=False
+    )
+    try:
+        instruments = ConnectorMetrics(telemetry.meter_provider.get_meter("test"))
+        instruments.start_at_zero()
+        if connected is not None:
+            instruments.connection_states.append(lambda: connected)
+        assert telemetry.registry is not None
+        return prometheus_client.generate_latest(telemetry.registry)
+    finally:
+        telemetry.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("connected", "status", "healthy", "said"),
+    [
+        (1, 200, True, "healthy: the connector reads the binlog and produces to Kafka"),
+        (0, 200, False, "unhealthy: the connector waits to reconnect"),
+        (None, 200, False, "unhealthy: no freshkey_connector_connected yet"),
+        (1, 500, False, "/metrics answered 500"),
+    ],
+    ids=["connected", "reconnecting", "no session yet", "server error"],
+)
+def test_connector_healthcheck(
+    stand_in: Callable[[dict[str, tuple[int, bytes]]], _StandIn],
+    connected: int | None,
+    status: int,
+    healthy: bool,
+    said: str,
+) -> None:
+    body = _exposition(connected)
+    if connected is not None:
+        assert re.search(rb"^freshkey_connector_connected(\{[^}]*\})? %d\.0$" % connected, body, re.M), body
+    server = stand_in({"/metrics": (status, body)})
+    code, out = run_healthcheck(
+        "connector", env={"FRESHKEY_TELEMETRY_CONNECTOR_PROMETHEUS_PORT": str(server.port)}
+    )
+    assert (code, said in out) == (0 if healthy else 1, True), out
+
+
+def test_connector_healthcheck_without_an_answer() -> None:
+    port = _free_port()
+    code, out = run_healthcheck("connector", env={"FRESHKEY_TELEMETRY_CONNECTOR_PROMETHEUS_PORT": str(port)})
+    assert code == 1 and f"http://127.0.0.1:{port}/metrics does not answer" in out, out
+    code, out = run_healthcheck("connector", env={"FRESHKEY_TELEMETRY_CONNECTOR_PROMETHEUS_PORT": "0"})
+    assert code == 1 and "metrics are off" in out, out
+
+
+@pytest.mark.parametrize(
+    ("routes", "healthy", "said"),
+    [
+        (
+            {"/freshkey/health": (200, b'{"status": "ok"}')},
+            True,
+            '/freshkey/health answered 200: {"status": "ok"}',
+        ),
+        (
+            {
+                "/freshkey/health": (
+                    503,
+                    b'{"status": "unavailable", "reasons": ["the Kafka consumer is stopped"]}',
+                )
+            },
+            False,
+            "answered 503",
+        ),
+        ({"/freshkey/stats": (200, b"{}")}, True, "/freshkey/health absent; /freshkey/stats answered 200"),
+        ({"/freshkey/stats": (401, b"")}, False, "/freshkey/stats answered 401"),
+        ({}, False, "/freshkey/stats answered 404"),
+    ],
+    ids=["ok", "unavailable", "older worker", "older worker, no token", "nothing"],
+)
+def test_worker_healthcheck(
+    stand_in: Callable[[dict[str, tuple[int, bytes]]], _StandIn],
+    routes: dict[str, tuple[int, bytes]],
+    healthy: bool,
+    said: str,
+) -> None:
+    server = stand_in(routes)
+    code, out = run_healthcheck("worker", env={"FRESHKEY_WORKER_WEB_PORT": str(server.port)})
+    assert code == (0 if healthy else 1), out
+    assert said in out, out
+    if not healthy and "503" in said:
+        assert "the Kafka consumer is stopped" in out, "the reasons are shown"
+
+
+def test_worker_healthcheck_sends_the_token_and_never_prints_it(
+    stand_in: Callable[[dict[str, tuple[int, bytes]]], _StandIn],
+) -> None:
+    server = stand_in({"/freshkey/stats": (200, b"{}")})
+    token = "s3cret-token-for-the-test"
+    code, out = run_healthcheck(
+        "worker", env={"FRESHKEY_WORKER_WEB_PORT": str(server.port), "FRESHKEY_WORKER_WEB_TOKEN": token}
+    )
+    assert code == 0, out
+    assert server.authorization == [f"Bearer {token}"] * 2, "health (404 here), then stats, with the token"
+    assert token not in out
+    code, out = run_healthcheck("worker", env={"FRESHKEY_WORKER_WEB_PORT": str(server.port)})
+    assert server.authorization[-1] is None, "no token set, no header"
+
+
+def test_worker_healthcheck_without_an_answer() -> None:
+    port = _free_port()
+    code, out = run_healthcheck("worker", env={"FRESHKEY_WORKER_WEB_PORT": str(port)})
+    assert code == 1 and f"http://127.0.0.1:{port} does not answer" in out, out
+
+
+def test_healthcheck_usage_and_defaults() -> None:
+    for args in ((), ("database",), ("worker", "connector")):
+        code, out = run_healthcheck(*args)
+        assert code == 1 and "usage: healthcheck.py connector|worker" in out, (args, out)
+    spec = importlib.util.spec_from_file_location("healthcheck", HEALTHCHECK_SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert str(WorkerSettings.model_fields["web_port"].default) == module.WORKER_WEB_PORT
+    assert (
+        str(TelemetrySettings.model_fields["connector_prometheus_port"].default)
+        == module.CONNECTOR_METRICS_PORT
+    )
