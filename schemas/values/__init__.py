@@ -50,19 +50,24 @@ Python type, as before.
 The package: :mod:`~schemas.values.columns` (:class:`ColumnType`), :mod:`~schemas.values.mapping` (the
 mapping, one converter per kind: :mod:`~schemas.values.numbers`, :mod:`~schemas.values.temporal`,
 :mod:`~schemas.values.text`, :mod:`~schemas.values.documents`, with the shared helpers and the untyped
-mapping in :mod:`~schemas.values.base`), :mod:`~schemas.values.binlog` (the binlog reader's types and
-quirks) and :mod:`~schemas.values.information_schema` (types of direct reads, key parameters).
+mapping in :mod:`~schemas.values.base`; :mod:`~schemas.values.compiled` chooses a column's converter
+once, for rows converted by the thousand), :mod:`~schemas.values.binlog` (the binlog reader's types and
+quirks, and :func:`binlog_row_converter`, a table's images converted with its converters chosen once)
+and :mod:`~schemas.values.information_schema` (types of direct reads, key parameters).
 """
 
 from schemas.values.base import NON_FINITE
 from schemas.values.binlog import (
     EMPTY_SET,
+    RowConverter,
     binlog_column_types,
+    binlog_row_converter,
     binlog_row_to_json,
     binlog_value,
     column_type_from_binlog,
 )
 from schemas.values.columns import ColumnType, JsonValue
+from schemas.values.compiled import ValueConverter, value_converter
 from schemas.values.information_schema import (
     column_type_from_information_schema,
     json_checked_columns,
@@ -76,7 +81,10 @@ __all__ = [
     "NON_FINITE",
     "ColumnType",
     "JsonValue",
+    "RowConverter",
+    "ValueConverter",
     "binlog_column_types",
+    "binlog_row_converter",
     "binlog_row_to_json",
     "binlog_value",
     "column_type_from_binlog",
@@ -86,4 +94,5 @@ __all__ = [
     "json_to_sql",
     "row_to_json",
     "to_json_value",
+    "value_converter",
 ]
