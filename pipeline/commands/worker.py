@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from cache_writer.redis.login import RedisLoginError, check_tiers
 from connectors.exceptions import ConnectorError
 from connectors.kafka.topics import ensure_topics
 from pipeline.config import AllSettings, load_bindings
@@ -24,6 +25,11 @@ def worker(
 
     settings = AllSettings.load(env_file)
     bindings = load_bindings(settings.bindings_path)
+    try:  # a refused login is a setting to change, not an outage the tiers would retry forever
+        check_tiers(settings.redis, settings.l3)
+    except RedisLoginError as exc:
+        typer.echo(f"freshkey worker: {exc}", err=True)
+        raise typer.Exit(2) from None
     try:
         ensure_topics(settings.kafka, [settings.kafka.model_update_topic, settings.kafka.hotness_topic])
     except ConnectorError as exc:
