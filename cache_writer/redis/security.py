@@ -36,26 +36,22 @@ def tls_kwargs(
 
 def client_kwargs(settings: RedisSettings) -> dict[str, Any]:
     """Keyword arguments of ``from_url(settings.url, ...)`` for L2: the password and TLS."""
-    return {
-        "password": settings.password.get_secret_value() if settings.password else None,
-        **tls_kwargs(
-            settings.url,
-            ca=settings.ssl_ca,
-            cert=settings.ssl_cert,
-            key=settings.ssl_key,
-            check_hostname=settings.ssl_check_hostname,
-        ),
-    }
+    return _kwargs(settings.url, settings)
 
 
 def l3_client_kwargs(settings: L3Settings) -> dict[str, Any]:
     """Keyword arguments of ``from_url(settings.url, ...)`` for L3: the password and TLS."""
     if settings.url is None:
         raise ValueError("no L3 configured (FRESHKEY_REDIS_L3_URL)")
+    return _kwargs(settings.url, settings)
+
+
+def _kwargs(url: str, settings: RedisSettings | L3Settings) -> dict[str, Any]:
+    """The password and TLS of either tier (their settings have the same names)."""
     return {
         "password": settings.password.get_secret_value() if settings.password else None,
         **tls_kwargs(
-            settings.url,
+            url,
             ca=settings.ssl_ca,
             cert=settings.ssl_cert,
             key=settings.ssl_key,
