@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -24,24 +23,13 @@ from pipeline.bench.stack import (
     NAMESPACES,
     TABLES,
     WARMUP_TABLE,
+    Backlog,
     key_prefix,
-    row_values,
-    update_statement,
 )
 
 QUIET_S = 2.5
 """Longer than a worker's heartbeat interval (its session timeout / 5: 2 s by default), so that a member
 evicted while frozen has heard of it, and started rejoining, within that time after it is thawed."""
-
-
-@dataclass
-class _Backlog:
-    kind: str
-    start: tuple[str, int]
-    end: tuple[str, int]
-    rows: int
-    transactions: int
-    row_ids: list[int] = field(default_factory=list)
 
 
 class BacklogRuns:
@@ -54,8 +42,6 @@ class BacklogRuns:
         self.progress = session.progress
         self.stack = session.stack
         self.rng = session.rng
-        self.next_multi_id = 1_000_000
-        self.next_single_change = 0
         self.worker_outcomes: dict[str, Any] = {}
 
     def run(self) -> dict[str, Any]:
@@ -91,7 +77,7 @@ class BacklogRuns:
 
         kafka_next: dict[int, int] = dict(self.alone_next) if alone is not None else {}
         results: dict[str, Any] = {}
-        drains: list[tuple[dict[str, Any], _Backlog, dict[int, int], dict[int, int]]] = []
+        drains: list[tuple[dict[str, Any], Backlog, dict[int, int], dict[int, int]]] = []
         for run in range(1, config.runs + 1):
             for kind in config.kinds:
                 entry = results.setdefault(
@@ -103,7 +89,7 @@ class BacklogRuns:
                     },
                 )
                 self.progress.step(f"run {run}/{config.runs}, {kind}: writing the backlog")
-                backlog = self._write_backlog(kind)
+                backlog = self.stack.write_backlog(kind, self.rng)
                 record: dict[str, Any] = {"run": run}
                 if "raw-decode" in wanted:
                     self.progress.step(f"run {run}, {kind}: raw decode (plain pymysqlreplication)")
@@ -264,38 +250,7 @@ class BacklogRuns:
         )
         self.session.wait_assigned(workers)
 
-    def _write_backlog(self, kind: str) -> _Backlog:
-        """Write the backlog while every freshkey process is frozen; its binlog range and size."""
-        config = self.config
-        start = self.stack.position()
-        statements: list[str] = []
-        if kind == "single":
-            table = TABLES["single"]
-            for _ in range(config.changes):
-                change = self.next_single_change
-                statements.append(update_statement(table, change % config.rows, change, self.rng))
-                self.next_single_change += 1
-            for first in range(0, len(statements), 200):
-                self.stack.execute(statements[first : first + 200])
-            rows, transactions = config.changes, config.changes
-            ids = [
-                (self.next_single_change - config.changes + i) % config.rows for i in range(config.changes)
-            ]
-        else:
-            ids = []
-            for _ in range(config.inserts):
-                first_id = self.next_multi_id
-                self.next_multi_id += config.insert_rows
-                ids += range(first_id, first_id + config.insert_rows)
-                values = ",".join(
-                    row_values(i, f"inserted row {i}", self.rng)
-                    for i in range(first_id, first_id + config.insert_rows)
-                )
-                self.stack.execute([f"INSERT INTO {DATABASE}.{TABLES['multi']} VALUES {values}"])
-            rows, transactions = config.inserts * config.insert_rows, config.inserts
-        return _Backlog(kind, start, self.stack.position(), rows, transactions, ids)
-
-    def _raw_decode(self, backlog: _Backlog) -> dict[str, Any]:
+    def _raw_decode(self, backlog: Backlog) -> dict[str, Any]:
         stack = self.stack
         sampler = Sampler({"bench": os.getpid(), "mariadb": stack.db.pid or 0})
         sampler.start()
@@ -317,7 +272,7 @@ class BacklogRuns:
             raise BenchError(f"raw decode read {result.items} rows of the {backlog.rows} written")
         return measurement(result.items, result.seconds, processes, sampler)
 
-    def _raw_redis(self, backlog: _Backlog) -> dict[str, Any]:
+    def _raw_redis(self, backlog: Backlog) -> dict[str, Any]:
         namespace = NAMESPACES[backlog.kind]
         base_us = int(time.time() * 1_000_000)
         writes = []
@@ -337,7 +292,7 @@ class BacklogRuns:
         result = raw_redis_cas(self.stack.cache.url, writes, channel="braw:invalidations")
         return measurement(result.items, result.seconds, sampler.stop(), sampler)
 
-    def _connector_alone(self, connector: Connector, backlog: _Backlog) -> dict[str, Any]:
+    def _connector_alone(self, connector: Connector, backlog: Backlog) -> dict[str, Any]:
         sampler = self.session.sampler(connector=connector.proc)
         sampler.start()
         connector.proc.thaw()
@@ -367,7 +322,7 @@ class BacklogRuns:
         connector.proc.freeze()
         return measurement(backlog.rows, reached[0] - began, processes, sampler)
 
-    def _end_to_end(self, connector: Connector, worker: Worker, backlog: _Backlog) -> dict[str, Any]:
+    def _end_to_end(self, connector: Connector, worker: Worker, backlog: Backlog) -> dict[str, Any]:
         target = self.e2e_base + backlog.rows
         joins = worker.joins()
         sampler = self.session.sampler(connector=connector.proc, worker=worker.proc)
@@ -399,7 +354,7 @@ class BacklogRuns:
             "rejoins": worker.joins() - joins,
         }
 
-    def _drain(self, workers: Sequence[Worker], copies: Sequence[Copy], backlog: _Backlog) -> dict[str, Any]:
+    def _drain(self, workers: Sequence[Worker], copies: Sequence[Copy], backlog: Backlog) -> dict[str, Any]:
         """Fill the workers' topic with ``copies`` while they are frozen, thaw them, time the drain."""
         if len(copies) != backlog.rows:
             raise BenchError(f"{len(copies)} messages copied for a backlog of {backlog.rows} rows")

@@ -47,7 +47,7 @@ report (a dict, written as JSON by the command) holds every run; :mod:`pipeline.
 summarises it (median, min, max over runs, and per-run ratios).
 
 The rooms: :mod:`~pipeline.bench.config` (what to measure), :mod:`~pipeline.bench.stack` (the services,
-schema and SQL), :mod:`~pipeline.bench.roles` (the connector and worker processes),
+schema, SQL and backlog writing), :mod:`~pipeline.bench.roles` (the connector and worker processes),
 :mod:`~pipeline.bench.measure` (the session of a run, polling, records),
 :mod:`~pipeline.bench.backlogs` and :mod:`~pipeline.bench.rates` (the scenarios); this module runs them
 in order and assembles the report.

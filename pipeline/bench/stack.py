@@ -7,6 +7,7 @@ import os
 import random
 from collections.abc import Sequence
 from contextlib import ExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pymysql
@@ -39,9 +40,23 @@ CREATE TABLE {db}.{table} (
 """
 
 
+@dataclass
+class Backlog:
+    """A backlog written while every freshkey process was frozen: its binlog range, rows, transactions
+    and the ids of the rows it changed."""
+
+    kind: str
+    start: tuple[str, int]
+    end: tuple[str, int]
+    rows: int
+    transactions: int
+    row_ids: list[int] = field(default_factory=list)
+
+
 class Stack:
     """The private services, the schema, and two MariaDB sessions: ``admin`` for positions and
-    one-off statements, ``writer`` (multi-statement) for backlogs and driven changes."""
+    one-off statements, ``writer`` (multi-statement) for backlogs (:meth:`write_backlog`) and driven
+    changes."""
 
     def __init__(self, root: Path, config: BenchConfig, stack: ExitStack) -> None:
         self.root = root
@@ -62,6 +77,8 @@ class Stack:
         stack.callback(self.writer.close)
         self.bindings = root / "bindings.yaml"
         self._server_ids = iter(range(4301, 4301 + 10_000))
+        self.next_multi_id = 1_000_000
+        self.next_single_change = 0
 
     def prepare(self) -> None:
         """Schema, bindings, the rows the updates cycle over; a long write timeout on the server, so
@@ -82,7 +99,7 @@ class Stack:
             ]:
                 cur.execute(f"CREATE TABLE {DATABASE}.{table} (id INT PRIMARY KEY, at DATETIME(6) NOT NULL)")
             for table in [TABLES["single"], *rate_tables]:
-                rows = [row_values(i, f"row {i}", rng) for i in range(self.config.rows)]
+                rows = [_row_values(i, f"row {i}", rng) for i in range(self.config.rows)]
                 for first in range(0, len(rows), 1000):
                     values = ",".join(rows[first : first + 1000])
                     cur.execute(f"INSERT INTO {DATABASE}.{table} VALUES {values}")
@@ -116,6 +133,37 @@ class Stack:
             cur.execute(";".join(statements))
             while cur.nextset():
                 pass
+
+    def write_backlog(self, kind: str, rng: random.Random) -> Backlog:
+        """Write the backlog while every freshkey process is frozen; its binlog range and size."""
+        config = self.config
+        start = self.position()
+        statements: list[str] = []
+        if kind == "single":
+            table = TABLES["single"]
+            for _ in range(config.changes):
+                change = self.next_single_change
+                statements.append(update_statement(table, change % config.rows, change, rng))
+                self.next_single_change += 1
+            for first in range(0, len(statements), 200):
+                self.execute(statements[first : first + 200])
+            rows, transactions = config.changes, config.changes
+            ids = [
+                (self.next_single_change - config.changes + i) % config.rows for i in range(config.changes)
+            ]
+        else:
+            ids = []
+            for _ in range(config.inserts):
+                first_id = self.next_multi_id
+                self.next_multi_id += config.insert_rows
+                ids += range(first_id, first_id + config.insert_rows)
+                values = ",".join(
+                    _row_values(i, f"inserted row {i}", rng)
+                    for i in range(first_id, first_id + config.insert_rows)
+                )
+                self.execute([f"INSERT INTO {DATABASE}.{TABLES['multi']} VALUES {values}"])
+            rows, transactions = config.inserts * config.insert_rows, config.inserts
+        return Backlog(kind, start, self.position(), rows, transactions, ids)
 
     def server_id(self) -> int:
         return next(self._server_ids)
@@ -173,7 +221,7 @@ def _warmup_binding(table: str, namespace: str) -> list[str]:
     ]
 
 
-def row_values(row_id: int, content: str, rng: random.Random) -> str:
+def _row_values(row_id: int, content: str, rng: random.Random) -> str:
     """``(id, modality, content, embedding, UTC_TIMESTAMP(6))`` as SQL (content holds no quote)."""
     return f"({row_id},'{rng.choice(MODALITIES)}','{content}',X'{rng.randbytes(32).hex()}',UTC_TIMESTAMP(6))"
 
