@@ -32,6 +32,8 @@ from pipeline.settings import (
     WorkerSettings,
 )
 from schemas import BindingError, parse_bindings
+from schemas import metrics as metric_names
+from schemas.metrics import PROMETHEUS_METRIC_NAMES
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_PATH = REPO_ROOT / "docker-compose.yml"
@@ -773,6 +775,65 @@ def check_metrics_scrape(compose: Compose) -> Problems:
     return problems
 
 
+EXPORTED_LABELS = frozenset(
+    str(getattr(metric_names, n)).replace(".", "_") for n in dir(metric_names) if n.startswith("ATTR_")
+) | {"job", "instance", "le", "otel_scope_name", "otel_scope_version", "otel_scope_schema_url"}
+"""Labels a rule may use: the code's attributes as Prometheus writes them, and what Prometheus adds."""
+_MATCHERS = re.compile(r"\{([^}]*)\}")
+_GROUP_BY = re.compile(r"\b(?:by|without)\s*\(([^)]*)\)")
+_LABELS_IN_TEXT = re.compile(r"\$labels\.([a-zA-Z_][a-zA-Z0-9_]*)")
+
+
+def check_alert_rules(compose: Compose) -> Problems:
+    """Every rule file Prometheus loads is mounted from the repository; each alert has an expression and
+    a severity, and uses only series the worker or the connector export (or Prometheus's ``up``), labels
+    they carry, and scrape jobs prometheus.yml defines."""
+    prometheus = services(compose).get("prometheus", {})
+    config_path = _option(prometheus, "config.file", "/etc/prometheus/prometheus.yml")
+    source = _mount_source(prometheus, config_path)
+    if source is None or not source.is_file():
+        return []  # reported by check_metrics_scrape
+    config = yaml.safe_load(source.read_text()) or {}
+    jobs = {str(job.get("job_name")) for job in config.get("scrape_configs") or []}
+    problems: Problems = []
+    rule_files = config.get("rule_files") or []
+    if not rule_files:
+        problems.append(f"prometheus: {source.name} loads no rule_files: nothing alerts")
+    for rule_file in rule_files:
+        path = _mount_source(prometheus, str(rule_file))
+        if path is None or not path.is_file():
+            problems.append(f"prometheus: rule file {rule_file} is not mounted from the repository")
+            continue
+        groups = (yaml.safe_load(path.read_text()) or {}).get("groups") or []
+        for rule in [r for g in groups for r in g.get("rules") or []]:
+            name, expr = rule.get("alert", "?"), str(rule.get("expr", ""))
+            if not expr:
+                problems.append(f"{path.name}: alert {name} has no expr")
+            if (rule.get("labels") or {}).get("severity") not in ("page", "warning"):
+                problems.append(f"{path.name}: alert {name} has no severity label (page or warning)")
+            without_strings = re.sub(r'"[^"]*"', '""', expr)
+            for series in re.findall(r"\b[a-zA-Z_:][a-zA-Z0-9_:]*(?=\s*[{\[)=<>!]|\s*$)", without_strings):
+                if series.startswith("freshkey_") and series not in PROMETHEUS_METRIC_NAMES:
+                    problems.append(f"{path.name}: alert {name} uses {series}, which nothing exports")
+            labels = [
+                m.split("=")[0].strip(" !~") for group in _MATCHERS.findall(expr) for m in group.split(",")
+            ]
+            labels += [label.strip() for group in _GROUP_BY.findall(expr) for label in group.split(",")]
+            text = " ".join(str(v) for v in (rule.get("annotations") or {}).values())
+            labels += _LABELS_IN_TEXT.findall(text)
+            for label in filter(None, labels):
+                if label not in EXPORTED_LABELS:
+                    problems.append(
+                        f"{path.name}: alert {name} uses label {label!r}, which no series carries"
+                    )
+            for job in re.findall(r'job\s*=\s*"([^"]*)"', expr):
+                if job not in jobs:
+                    problems.append(
+                        f"{path.name}: alert {name} names job {job!r}; the scrape jobs are {sorted(jobs)}"
+                    )
+    return problems
+
+
 def check_grafana(compose: Compose) -> Problems:
     """Provisioning mounted; the datasource is the prometheus service; the dashboards dir is mounted."""
     problems: Problems = []
@@ -955,6 +1016,7 @@ CHECKS: dict[str, Callable[[Compose], Problems]] = {
     "referenced_files": check_referenced_files,
     "metrics_scrape": check_metrics_scrape,
     "grafana": check_grafana,
+    "alert_rules": check_alert_rules,
     "heartbeat": check_heartbeat,
 }
 

@@ -58,6 +58,7 @@ from tests.support.compose import (
     REPO_ROOT,
     SETTINGS_CLASSES,
     Compose,
+    check_alert_rules,
     check_bindings_mount,
     check_compose_schema,
     check_env_names,
@@ -1115,3 +1116,67 @@ def test_healthcheck_usage_and_defaults() -> None:
         str(TelemetrySettings.model_fields["connector_prometheus_port"].default)
         == module.CONNECTOR_METRICS_PORT
     )
+
+
+# --- alert rules -------------------------------------------------------------------------------------------
+
+
+def _with_rules(compose: Compose, tmp_path: Path, rules: str, *, mounted: bool = True) -> Compose:
+    """The compose file with Prometheus loading ``rules`` (a copy of prometheus.yml beside it)."""
+    (tmp_path / "prometheus.yml").write_text(
+        (REPO_ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text()
+    )
+    (tmp_path / "alerts.yml").write_text(rules)
+    broken = copy.deepcopy(compose)
+    services(broken)["prometheus"]["volumes"] = [
+        f"{tmp_path / 'prometheus.yml'}:/etc/prometheus/prometheus.yml:ro",
+        *([f"{tmp_path / 'alerts.yml'}:/etc/prometheus/alerts.yml:ro"] if mounted else []),
+        "prometheus-data:/prometheus",
+    ]
+    return broken
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        (
+            "freshkey_sla_violated)",
+            "freshkey_sla_violation)",
+            "uses freshkey_sla_violation, which nothing exports",
+        ),
+        (
+            "max(freshkey_connector_checkpoint_age_seconds)",
+            "max(freshkey_connector_checkpoint_age)",
+            "uses freshkey_connector_checkpoint_age, which nothing exports",
+        ),
+        ("max by (target)", "max by (slo)", "uses label 'slo', which no series carries"),
+        ('{outcome="failed"}', '{result="failed"}', "uses label 'result', which no series carries"),
+        ('job="freshkey-worker"', 'job="worker"', "names job 'worker'; the scrape jobs are"),
+        ("          severity: page\n", "          team: db\n", "has no severity label"),
+    ],
+    ids=["metric", "metric before a comparison", "grouping label", "matcher label", "job", "severity"],
+)
+def test_alert_rule_check_reports_a_broken_rule(
+    compose: Compose, tmp_path: Path, old: str, new: str, expected: str
+) -> None:
+    real = (REPO_ROOT / "deploy" / "prometheus" / "alerts.yml").read_text()
+    assert old in real
+    assert not check_alert_rules(_with_rules(compose, tmp_path, real))
+    problems = check_alert_rules(_with_rules(compose, tmp_path, real.replace(old, new, 1)))
+    assert any(expected in p for p in problems), problems
+
+
+def test_alert_rules_must_be_mounted(compose: Compose, tmp_path: Path) -> None:
+    real = (REPO_ROOT / "deploy" / "prometheus" / "alerts.yml").read_text()
+    problems = check_alert_rules(_with_rules(compose, tmp_path, real, mounted=False))
+    assert any("rule file /etc/prometheus/alerts.yml is not mounted" in p for p in problems), problems
+
+
+def test_alert_rules_cover_the_sla_and_the_processes() -> None:
+    """Every SLA target is alerted on through freshkey_sla_violated, and each process when it is gone."""
+    rules = yaml.safe_load((REPO_ROOT / "deploy" / "prometheus" / "alerts.yml").read_text())
+    exprs = {r["alert"]: r["expr"] for g in rules["groups"] for r in g["rules"]}
+    assert "max by (target) (freshkey_sla_violated) == 1" in exprs.values()
+    for job in ("freshkey-worker", "freshkey-connector"):
+        assert any(f'up{{job="{job}"}} == 1' in e for e in exprs.values()), f"no alert when {job} is absent"
+    assert "max(freshkey_connector_connected) == 0" in exprs.values()
