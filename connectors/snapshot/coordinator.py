@@ -127,6 +127,16 @@ class SnapshotCoordinator:
             self._last_read = None
             self._reset_chunks()
             self._changed += 1
+            state = self.state
+        if state is not None and state.status == "running":
+            log.info(
+                "continuing snapshot %s (%s): %d row(s) acknowledged so far, %d of %d table(s) read",
+                state.request,
+                state.reason,
+                state.rows,
+                sum(t.finished for t in state.tables),
+                len(state.tables),
+            )
         self._stop = threading.Event()
         self._driver = threading.Thread(target=self._drive, name="snapshot-driver", daemon=True)
         self._driver.start()

@@ -55,10 +55,11 @@ EXIT_DONE, EXIT_FAILED, EXIT_CANCELLED = 0, 1, 130
 
 
 class RateColumn(ProgressColumn):
-    """Rows per second, as rich measures the task's progress."""
+    """Rows per second of the snapshot (the connector's figure: acknowledged rows since it took the
+    request), or as rich measures the task's progress."""
 
     def render(self, task: Task) -> Text:
-        speed = task.finished_speed or task.speed
+        speed = task.fields.get("rate") or task.speed
         return Text(f"{speed:,.0f} rows/s" if speed else "- rows/s", style="progress.data.speed")
 
 
@@ -280,7 +281,9 @@ def _show(progress: Progress, tasks: dict[int, TaskID], state: SnapshotStatus) -
         if index not in tasks:
             tasks[index] = progress.add_task(label, total=total, completed=table.rows)
         note = " (skipped)" if table.skipped else ""
-        progress.update(tasks[index], total=total, completed=table.rows, description=label + note)
+        progress.update(
+            tasks[index], total=total, completed=table.rows, description=label + note, rate=state.rows_per_s()
+        )
 
 
 def _cancel(conn: pymysql.connections.Connection, signal: SignalTable, request: str) -> SnapshotStatus | None:
