@@ -538,6 +538,14 @@ def check_kafka(compose: Compose) -> Problems:
             KafkaSettings,
             "replication_factor",
         )
+    worker = services(compose).get("worker", {})
+    faust_factor = environment(worker).get("TOPIC_REPLICATION_FACTOR") or "1"
+    if faust_factor != factors["worker: FRESHKEY_KAFKA_REPLICATION_FACTOR"]:
+        problems.append(
+            f"worker: TOPIC_REPLICATION_FACTOR={faust_factor} (Faust's own topics: the hotness table's "
+            "changelog) differs from its FRESHKEY_KAFKA_REPLICATION_FACTOR="
+            f"{factors['worker: FRESHKEY_KAFKA_REPLICATION_FACTOR']}"
+        )
     min_isr = int(kafka_env.get("KAFKA_MIN_INSYNC_REPLICAS") or 1)
     for what, value in factors.items():
         factor = int(value or 1)

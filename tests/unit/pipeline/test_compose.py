@@ -43,6 +43,7 @@ from connectors.heartbeat import HeartbeatSettings
 from connectors.metrics import ConnectorMetrics
 from connectors.settings import KafkaSettings
 from pipeline.demo import stack as demo
+from pipeline.faust_app import FreshkeyApp
 from pipeline.observe.telemetry import configure_telemetry
 from pipeline.settings import TelemetrySettings, WorkerSettings
 from schemas import parse_bindings
@@ -601,6 +602,12 @@ BROKEN: list[tuple[str, Callable[[Compose], object], str, str]] = [
         ),
         "redis_cluster",
         "connector: FRESHKEY_REDIS_CLUSTER=false but the redis service runs --cluster-enabled yes",
+    ),
+    (
+        "Faust's changelog replicated otherwise",
+        lambda c: _env("worker")(c).update(TOPIC_REPLICATION_FACTOR="3"),
+        "kafka",
+        "worker: TOPIC_REPLICATION_FACTOR=3 (Faust's own topics: the hotness table's changelog) differs",
     ),
     (
         "kafka replication factor above the brokers",
@@ -1180,3 +1187,14 @@ def test_alert_rules_cover_the_sla_and_the_processes() -> None:
     for job in ("freshkey-worker", "freshkey-connector"):
         assert any(f'up{{job="{job}"}} == 1' in e for e in exprs.values()), f"no alert when {job} is absent"
     assert "max(freshkey_connector_connected) == 0" in exprs.values()
+
+
+def test_faust_reads_its_replication_factor_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the worker's TOPIC_REPLICATION_FACTOR in docker-compose.yml relies on: Faust declares its
+    own topics (a table's changelog) with conf.topic_replication_factor, read from that variable."""
+    monkeypatch.setenv("TOPIC_REPLICATION_FACTOR", "3")
+    assert FreshkeyApp("compose-test", broker="kafka://127.0.0.1:1").conf.topic_replication_factor == 3
+    monkeypatch.delenv("TOPIC_REPLICATION_FACTOR")
+    assert FreshkeyApp("compose-test", broker="kafka://127.0.0.1:1").conf.topic_replication_factor == 1
+    compose = load_profile(("kafka-cluster",))
+    assert environment(services(compose)["worker"])["TOPIC_REPLICATION_FACTOR"] == "3"
