@@ -230,9 +230,15 @@ class VerifyReport:
     """How in-flight entries were told from stale ones: version column, binlog/gtid floor, value only."""
     examples: list[str] = field(default_factory=list)
 
-    def _example(self, text: str) -> None:
+    def example(self, text: str) -> None:
+        """Keep ``text`` among the report's examples (the first 10)."""
         if len(self.examples) < 10:
             self.examples.append(text)
+
+    def count_unverifiable(self, key: str, why: str) -> None:
+        """One more key whose entry or row could not be judged, with an example saying why."""
+        self.unverifiable_keys += 1
+        self.example(f"unverifiable: {key}: {why}")
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -278,23 +284,32 @@ def verify_namespace(
     return report
 
 
+def judge_or_count(
+    report: VerifyReport, key: str, binding: Binding, row: Mapping[str, Any] | None, entry: Entry | None
+) -> tuple[Verdict, str] | None:
+    """:func:`judge`, or None once ``key`` is counted unverifiable (a version that cannot be read)."""
+    try:
+        return judge(binding, row, entry)
+    except VersionError as exc:
+        report.count_unverifiable(key, str(exc))
+        return None
+
+
 def _count(
     report: VerifyReport, key: str, binding: Binding, row: Mapping[str, Any] | None, entry: Entry | None
 ) -> None:
-    try:
-        verdict, reason = judge(binding, row, entry)
-    except VersionError as exc:
-        report.unverifiable_keys += 1
-        report._example(f"unverifiable: {key}: {exc}")
+    judged = judge_or_count(report, key, binding, row, entry)
+    if judged is None:
         return
+    verdict, reason = judged
     if verdict is Verdict.MISSING:
         report.missing += 1
-        report._example(f"missing: {key}")
+        report.example(f"missing: {key}")
         return
     report.checked += 1
     if verdict is Verdict.STALE:
         report.stale += 1
-        report._example(f"stale: {key}: {reason}")
+        report.example(f"stale: {key}: {reason}")
 
 
 def nines(checked: int, stale: int) -> float:

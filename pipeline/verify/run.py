@@ -30,8 +30,8 @@ from pipeline.verify.judge import (
     Verification,
     VerifyReport,
     VersionSource,
-    judge,
     judge_after_window,
+    judge_or_count,
     version_floor,
 )
 from schemas import (
@@ -135,7 +135,7 @@ async def run_verification(
             problem = f"cannot read {binding.table}: {_mysql_message(exc)}"
         if problem is not None:
             report = VerifyReport(binding.namespace, tier="all", unverifiable=problem)
-            report._example(f"unverifiable: {problem}")
+            report.example(f"unverifiable: {problem}")
             reports.append(report)
             continue
         if sample is not None and len(rows) > sample:
@@ -176,12 +176,10 @@ async def run_verification(
             report.entries = sum(e is not None for e in entries.values())
             for key, entry in entries.items():
                 row = by_key.get(key)
-                try:
-                    verdict, _ = judge(binding, row, entry)
-                except VersionError as exc:
-                    report.unverifiable_keys += 1
-                    report._example(f"unverifiable: {key}: {exc}")
+                judged = judge_or_count(report, key, binding, row, entry)
+                if judged is None:
                     continue
+                verdict, _ = judged
                 if verdict is Verdict.MISSING:
                     report.missing += 1
                     continue
@@ -196,10 +194,10 @@ async def run_verification(
                     values = row_key_values(ref)
                     if len(values) != len(key_columns):
                         report.checked -= 1
-                        report.unverifiable_keys += 1
-                        report._example(
-                            f"unverifiable: {key}: {len(values)} key parts for {len(key_columns)} "
-                            f"key columns ({', '.join(key_columns)}): no row can have this key"
+                        report.count_unverifiable(
+                            key,
+                            f"{len(values)} key parts for {len(key_columns)} key columns "
+                            f"({', '.join(key_columns)}): no row can have this key",
                         )
                         continue
                 suspects.append(
@@ -245,7 +243,7 @@ async def _recheck(
         except pymysql.err.MySQLError as exc:
             rows_now[namespace] = None
             for suspect in group:
-                suspect.report._example(f"unverifiable: {suspect.key}: re-read failed: {_mysql_message(exc)}")
+                suspect.report.example(f"unverifiable: {suspect.key}: re-read failed: {_mysql_message(exc)}")
             continue
         # By exact row key: a case-insensitive column returns 'café' for 'CAFÉ', which is another key.
         rows_now[namespace] = {row_key([r[c] for c in key_columns]): r for r in found}
@@ -264,11 +262,10 @@ async def _recheck(
             verdict, reason = judge_after_window(binding, suspect.first, found_rows.get(suspect.ref), entry)
         except VersionError as exc:
             report.checked -= 1
-            report.unverifiable_keys += 1
-            report._example(f"unverifiable: {suspect.key}: {exc}")
+            report.count_unverifiable(suspect.key, str(exc))
             continue
         if verdict is Verdict.STALE:
             report.stale += 1
-            report._example(f"stale after {window_ms:.0f} ms: {suspect.key}: {reason}")
+            report.example(f"stale after {window_ms:.0f} ms: {suspect.key}: {reason}")
         else:
             report.in_flight += 1
