@@ -51,7 +51,7 @@ from connectors.checkpoint import BinlogPosition
 from connectors.database import column_types
 from connectors.settings import MySQLSettings
 from schemas import ChangeEvent, DdlEvent, DeadLetter
-from schemas.values import ColumnType, binlog_column_types
+from schemas.values import ColumnType, RowConverter, binlog_column_types, binlog_row_converter
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ class BinlogSource:
         # Column types per table (schemas.values): the table map's, refined from information_schema for
         # what it cannot name (MariaDB JSON, UUID, INET); refreshed after DDL on the table's database.
         self._refine: dict[tuple[str, str], dict[str, ColumnType]] = {}
-        self._types: dict[tuple[str, str], tuple[object, dict[str, ColumnType]]] = {}
+        self._types: dict[tuple[str, str], tuple[object, dict[str, ColumnType], RowConverter]] = {}
 
     def _open(self) -> BinLogStreamReader:
         connection = settings = self._settings.connection_kwargs()
@@ -215,28 +215,32 @@ class BinlogSource:
             else "delete"
         )
         pk = event.primary_key
+        types, converter = self._column_types(event)
         return RowsEvent(
             kind=kind,
             schema=str(event.schema),
             table=str(event.table),
             primary_key=(pk,) if isinstance(pk, str) and pk else tuple(pk or ()),
             rows=event.rows,
-            column_types=self._column_types(event),
+            column_types=types,
             origin=self._origin(event, file, gtid),
+            row_converter=converter,
         )
 
-    def _column_types(self, event: Any) -> dict[str, ColumnType]:
-        """The column types of a rows event's table (computed once per table map)."""
+    def _column_types(self, event: Any) -> tuple[dict[str, ColumnType], RowConverter]:
+        """The column types of a rows event's table and the converter of its images, made once per
+        table map (the reader keeps a table map's columns while its bytes stay the same)."""
         table = (str(event.schema), str(event.table))
         cached = self._types.get(table)
         if cached is not None and cached[0] is event.columns:
-            return cached[1]
+            return cached[1], cached[2]
         refine = self._refine.get(table)
         if refine is None:
             refine = self._refine[table] = column_types(self._settings, *table)
         types = binlog_column_types(event.columns, refine)
-        self._types[table] = (event.columns, types)
-        return types
+        converter = binlog_row_converter(types)
+        self._types[table] = (event.columns, types, converter)
+        return types, converter
 
     def _forget_types(self, schema: str, query: str) -> None:
         """After DDL, read information_schema again for the tables it may concern."""

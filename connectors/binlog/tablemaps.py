@@ -20,9 +20,11 @@ from __future__ import annotations
 from typing import Any
 
 from pymysql.connections import Connection
+from pymysql.protocol import MysqlPacket
 
 TABLE_MAP_EVENT = 19
 """The binlog event type of a table map (``TABLE_MAP_EVENT`` in MySQL's and MariaDB's ``log_event.h``)."""
+_TABLE_MAP = bytes([TABLE_MAP_EVENT])
 _COM_BINLOG_DUMPS = frozenset({0x12, 0x1E})
 """COM_BINLOG_DUMP and COM_BINLOG_DUMP_GTID: after either, the connection streams binlog events."""
 _HEADER = 20
@@ -94,11 +96,12 @@ class DumpConnection(Connection):
             self._dumping = True
         super()._write_bytes(data)
 
-    def _read_packet(self, *args: Any, **kwargs: Any) -> Any:
-        packet = super()._read_packet(*args, **kwargs)
+    def _read_packet(self, packet_type: Any = MysqlPacket) -> Any:
+        packet = super()._read_packet(packet_type)
         if self._dumping:
             data: bytes = packet._data
-            if len(data) > _HEADER + _TABLE_ID and data[0] == 0 and data[5] == TABLE_MAP_EVENT:
+            # data[5:6], not data[5]: a packet shorter than a header (an EOF) is no table map.
+            if data[5:6] == _TABLE_MAP and data[0] == 0 and len(data) > _HEADER + _TABLE_ID:
                 end = len(data) - _CHECKSUM if self._checksum else len(data)
                 self._guard.table_map_event(data[_HEADER:end])
         return packet

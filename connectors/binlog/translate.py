@@ -20,20 +20,23 @@ anywhere (:func:`mentioned_databases`).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import re
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from connectors.exceptions import ConfigurationError
 from schemas import ChangeEvent, DdlEvent, DeadLetter, Source, VersionError, binlog_version, gtid_version
 from schemas.codec import dead_letter
-from schemas.events import Op, Row
-from schemas.values import ColumnType, binlog_row_to_json
+from schemas.events import MAX_TS_MS, MAX_U32, MAX_U64, Op, Row
+from schemas.values import ColumnType, RowConverter, binlog_row_converter
+
+_Model = TypeVar("_Model", bound=BaseModel)
 
 VersionSource = Literal["binlog", "gtid"]
 """How change versions are computed (``FRESHKEY_CONNECTOR_VERSION_SOURCE``, see schemas.versions)."""
@@ -95,6 +98,9 @@ class RowsEvent:
     rows: Sequence[Mapping[str, Any]]
     column_types: Mapping[str, ColumnType]
     origin: EventOrigin
+    row_converter: RowConverter | None = None
+    """``binlog_row_converter(column_types)``, made once per table map by the source; made per event
+    when None."""
 
 
 def translate_rows(
@@ -107,16 +113,10 @@ def translate_rows(
     ``read_ms``: when the connector read the event (the changes' ``ts_ms``).
     Raises :class:`ConfigurationError` for ``version_source="gtid"`` on a binlog without GTIDs.
     """
+    shared = _Shared(event, version_source, read_ms)
     for index, row in enumerate(event.rows):
         try:
-            yield from _row_changes(
-                event,
-                index,
-                row,
-                version_source=version_source,
-                ordinal=first_ordinal + index,
-                read_ms=read_ms,
-            )
+            yield from _row_changes(event, shared, index, row, ordinal=first_ordinal + index)
         except (ValidationError, VersionError, TypeError) as exc:
             yield dead_letter(
                 f"row of {event.schema}.{event.table} is not a valid change: {exc}",
@@ -125,31 +125,102 @@ def translate_rows(
             )
 
 
-def _images(event: RowsEvent, row: Mapping[str, Any]) -> tuple[Row | None, Row | None]:
+class _Shared:
+    """What every row of one rows event shares, worked out once: its images' converter, its source
+    (validated once; each row's is a copy with its own index), the first part of its binlog version,
+    and whether its changes can be built without validating each one again (:func:`_built`)."""
+
+    def __init__(self, event: RowsEvent, version_source: VersionSource, read_ms: int) -> None:
+        self.convert = event.row_converter or binlog_row_converter(event.column_types)
+        self.version_source = version_source
+        self.read_ms = read_ms
+        self.source: Source | None = None
+        # Errors here are raised again for each row (each row a dead letter, as before).
+        with contextlib.suppress(ValidationError):
+            self.source = event.origin.source(event.schema, event.table)
+        self.version: int | None = None
+        if version_source == "binlog":
+            with contextlib.suppress(VersionError):
+                self.version = binlog_version(event.origin.file, event.origin.end_pos, 0)
+        self.trusted = self.source is not None and 0 <= read_ms <= MAX_TS_MS
+
+    def row_source(self, event: RowsEvent, index: int) -> Source:
+        if self.source is None or not 0 <= index <= MAX_U32:
+            return event.origin.source(event.schema, event.table, index)
+        if index == 0:
+            return self.source  # frozen: the first row's source is the validated one itself
+        return _built(Source, {**self.source.__dict__, "row": index}, self.source.__pydantic_fields_set__)
+
+    def row_version(self, event: RowsEvent, index: int, ordinal: int) -> int:
+        origin = event.origin
+        if self.version_source == "gtid":
+            if origin.gtid is None:
+                raise ConfigurationError("FRESHKEY_CONNECTOR_VERSION_SOURCE=gtid but the binlog has no GTIDs")
+            return gtid_version(origin.gtid, ordinal)
+        if self.version is not None and 0 <= index < ROWS_PER_EVENT:
+            return self.version | index
+        return binlog_version(origin.file, origin.end_pos, index)
+
+
+ROWS_PER_EVENT = 2**16
+"""Rows of one rows event a binlog version can tell apart (schemas.versions)."""
+
+_CHANGE_FIELDS = frozenset(
+    {
+        "event_id",
+        "op",
+        "key",
+        "before",
+        "after",
+        "source",
+        "ts_ms",
+        "version",
+        "commit_ts_us",
+        "commit_ts_coarse",
+    }
+)
+_new = object.__new__
+_set = object.__setattr__
+
+
+def _built(cls: type[_Model], fields: dict[str, Any], fields_set: set[str] | frozenset[str]) -> _Model:
+    """An instance of a frozen schema model from fields the translator built and checked: what
+    ``model_construct`` makes (pydantic v2's instance layout), without its walk over every field.
+
+    Only for fields that validation would accept as they are (the callers check what can vary: key
+    types, ranges); tests/unit/connectors/binlog/test_translate_built.py holds it equal to the validated
+    model."""
+    instance = _new(cls)
+    _set(instance, "__dict__", fields)
+    _set(instance, "__pydantic_fields_set__", set(fields_set))
+    _set(instance, "__pydantic_extra__", None)
+    _set(instance, "__pydantic_private__", None)
+    return instance
+
+
+def _str_names(image: Row | None) -> bool:
+    """True when every column name of ``image`` is a ``str`` (validation's ``dict[str, Any]``)."""
+    return image is None or all(type(name) is str for name in image)
+
+
+def _images(event: RowsEvent, convert: RowConverter, row: Mapping[str, Any]) -> tuple[Row | None, Row | None]:
     """The row's before and after images in JSON form (``schemas.values``, per column type)."""
-    types = event.column_types
     if event.kind == "update":
-        before = binlog_row_to_json(row["before_values"], types, row.get("before_none_sources"))
-        after = binlog_row_to_json(row["after_values"], types, row.get("after_none_sources"))
+        before = convert(row["before_values"], row.get("before_none_sources"))
+        after = convert(row["after_values"], row.get("after_none_sources"))
         return before, after
-    image = binlog_row_to_json(row["values"], types, row.get("none_sources"))
+    image = convert(row["values"], row.get("none_sources"))
     return (None, image) if event.kind == "write" else (image, None)
 
 
 def _row_changes(
-    event: RowsEvent,
-    index: int,
-    row: Mapping[str, Any],
-    *,
-    version_source: VersionSource,
-    ordinal: int,
-    read_ms: int,
+    event: RowsEvent, shared: _Shared, index: int, row: Mapping[str, Any], *, ordinal: int
 ) -> Iterator[ChangeEvent | DeadLetter]:
     """The change(s) of one row. A generator on purpose: when the create half of a key change fails
     validation, the delete half (which drops the old key's entries) has gone out already."""
     origin = event.origin
-    source = origin.source(event.schema, event.table, index)
-    before, after = _images(event, row)
+    source = shared.row_source(event, index)
+    before, after = _images(event, shared.convert, row)
     pk_columns = event.primary_key
     if not pk_columns:
         yield dead_letter(
@@ -158,31 +229,40 @@ def _row_changes(
             stage="connector",
         )
         return
-    if version_source == "gtid":
-        if origin.gtid is None:
-            raise ConfigurationError("FRESHKEY_CONNECTOR_VERSION_SOURCE=gtid but the binlog has no GTIDs")
-        version = gtid_version(origin.gtid, ordinal)
-    else:
-        version = binlog_version(origin.file, origin.end_pos, index)
+    version = shared.row_version(event, index, ordinal)
     base_id = f"{origin.server_id}:{origin.file}:{origin.end_pos}:{index}"
+    read_ms = shared.read_ms
 
     def change(suffix: str, op: Op, image_before: Row | None, image_after: Row | None) -> ChangeEvent:
         image = image_after if image_after is not None else image_before
         assert image is not None
-        # A key value of another type than int/str fails validation -> dead letter.
-        key: dict[str, Any] = {c: image[c] for c in pk_columns}
-        return ChangeEvent(
-            event_id=base_id + suffix,
-            op=op,
-            key=key,
-            before=image_before,
-            after=image_after,
-            source=source,
-            ts_ms=read_ms,
-            version=version,
-            commit_ts_us=source.ts_ms * 1000,
-            commit_ts_coarse=True,
-        )
+        key: dict[str, Any] = {}
+        trusted = shared.trusted and 0 <= version <= MAX_U64
+        for column in pk_columns:
+            if column not in image:
+                raise TypeError(f"primary key column {column!r} is not in the row image")
+            value = key[column] = image[column]
+            if type(value) is not int and type(value) is not str:
+                trusted = False  # validation says why (a key value of another type is a dead letter)
+        fields: dict[str, Any] = {
+            "kind": "change",
+            "event_id": base_id + suffix,
+            "op": op,
+            "key": key,
+            "before": image_before,
+            "after": image_after,
+            "source": source,
+            "ts_ms": read_ms,
+            "version": version,
+            "commit_ts_us": source.ts_ms * 1000,
+            "commit_ts_coarse": True,
+        }
+        if trusted and _str_names(image_before) and _str_names(image_after):
+            # Everything validation checks holds by construction or was checked above.
+            fields["oversize"] = False
+            return _built(ChangeEvent, fields, _CHANGE_FIELDS)
+        del fields["kind"]
+        return ChangeEvent(**fields)
 
     if before is not None and after is not None:
         if any(before[c] != after[c] for c in pk_columns):
