@@ -64,8 +64,7 @@ class MessageLimit:
 
     @property
     def max_bytes(self) -> int:
-        with self._lock:
-            return self._limit
+        return self._limit  # an int read is atomic; it only goes down, under the lock
 
     def fits(self, key: bytes, value: bytes) -> bool:
         """True when a message with this key and value is under the limit."""
@@ -163,7 +162,7 @@ class ChangeProducer:
             if err is None:
                 offset, partition = msg.offset(), msg.partition()
                 if offset is not None and partition is not None and offset >= 0:
-                    with self._ends_lock:
+                    with self._ends_lock:  # flush() serves callbacks too, on the caller's thread
                         if offset + 1 > self._ends.get((topic, partition), 0):
                             self._ends[(topic, partition)] = offset + 1
                 self._progress_at = time.monotonic()
