@@ -44,9 +44,10 @@ from tests.support.type_matrix import (
     admin_settings,
     binlog_stream,
     create_table,
+    insert_rows,
     matrix_of,
     mismatches,
-    row_sql,
+    rotate_rows,
     wait_equal,
 )
 
@@ -285,11 +286,8 @@ def test_freshkey_and_debezium_events_of_the_same_changes_give_the_same_cache(
     start = p.master_position()
 
     # Batch 1: writes, updates of every column, a primary key change, deletes.
-    for row in range(ROWS):
-        p.sql(f"INSERT INTO {p.database}.assets VALUES ({row + 1}, {row_sql(matrix, row)})")
-    for row in range(ROWS):
-        assignments = ", ".join(f"`{n}` = {values[(row + 1) % ROWS]}" for n, _, values in matrix)
-        p.sql(f"UPDATE {p.database}.assets SET {assignments} WHERE id = {row + 1}")
+    insert_rows(p, matrix)
+    rotate_rows(p, matrix)
     p.sql(f"UPDATE {p.database}.assets SET id = 50 WHERE id = 5")
     p.sql(f"DELETE FROM {p.database}.assets WHERE id IN (2, 3)")
     deleted = {2, 3, 5}
@@ -370,8 +368,7 @@ def test_a_worker_reads_debezium_topics_directly(
         FRESHKEY_KAFKA_DEBEZIUM_TOPICS="regex:" + re.escape(f"{PREFIX}.{p.database}.") + ".*",
     )
     start = p.master_position()
-    for row in range(ROWS):
-        p.sql(f"INSERT INTO {p.database}.assets VALUES ({row + 1}, {row_sql(matrix, row)})")
+    insert_rows(p, matrix)
     p.sql(f"UPDATE {p.database}.assets SET id = 50 WHERE id = 5")
     p.sql(f"DELETE FROM {p.database}.assets WHERE id IN (2, 3)")
     deleted = {2, 3, 5}

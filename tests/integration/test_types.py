@@ -36,9 +36,10 @@ from tests.support.type_matrix import (
     binlog_stream,
     connection_settings,
     create_table,
+    insert_rows,
     matrix_of,
     read_rows,
-    row_sql,
+    rotate_rows,
     wait_equal,
 )
 
@@ -54,16 +55,11 @@ def test_every_type_is_cached_exactly_as_a_direct_read_maps_it(
     p.start("connector")
     p.start("worker")
 
-    for row in range(ROWS):
-        p.sql(f"INSERT INTO {p.database}.assets VALUES ({row + 1}, {row_sql(matrix, row)})")
+    insert_rows(p, matrix)
     wait_equal(p, set())
     written = read_rows(p)
 
-    # Each row takes the next row's values (row 5 takes row 1's): every column changes in every row.
-    for row in range(ROWS):
-        source = (row + 1) % ROWS
-        assignments = ", ".join(f"`{name}` = {values[source]}" for name, _, values in matrix)
-        p.sql(f"UPDATE {p.database}.assets SET {assignments} WHERE id = {row + 1}")
+    rotate_rows(p, matrix)
     p.sql(f"DELETE FROM {p.database}.assets WHERE id = 3")
     wait_equal(p, {3})
     report = p.verify()

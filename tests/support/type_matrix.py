@@ -220,6 +220,20 @@ def row_sql(matrix: list[tuple[str, str, list[str]]], row: int) -> str:
     return ", ".join(values[row] for _, _, values in matrix)
 
 
+def insert_rows(p: Pipeline, matrix: list[tuple[str, str, list[str]]]) -> None:
+    """Insert rows 1..ROWS of ``matrix`` into ``assets``, one statement each."""
+    for row in range(ROWS):
+        p.sql(f"INSERT INTO {p.database}.assets VALUES ({row + 1}, {row_sql(matrix, row)})")
+
+
+def rotate_rows(p: Pipeline, matrix: list[tuple[str, str, list[str]]]) -> None:
+    """Each row takes the next row's values (row ROWS takes row 1's): every column changes in every row."""
+    for row in range(ROWS):
+        source = (row + 1) % ROWS
+        assignments = ", ".join(f"`{name}` = {values[source]}" for name, _, values in matrix)
+        p.sql(f"UPDATE {p.database}.assets SET {assignments} WHERE id = {row + 1}")
+
+
 def read_rows(p: Pipeline) -> dict[int, dict[str, Any]]:
     """Every row of ``assets`` by id, mapped as a direct read maps it."""
     return {int(row["id"]): row for row in read_table(admin_settings(p.mysql), p.database, "assets")}
