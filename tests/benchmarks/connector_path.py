@@ -258,9 +258,24 @@ def measure_encode(mysql: MySQLSettings, kafka: KafkaSettings, backlog: Backlog)
     return _timed(lambda: _drain(source, backlog, sender.send, tracker.boundary))
 
 
-def measure_send(mysql: MySQLSettings, kafka: KafkaSettings, backlog: Backlog) -> Figure:
+def process_cpu(pid: int | None) -> float:
+    """CPU seconds of another process so far (0 when it cannot be read)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, TypeError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure_send(
+    mysql: MySQLSettings,
+    kafka: KafkaSettings,
+    backlog: Backlog,
+    producer_options: dict[str, Any],
+    broker_pid: int | None = None,
+) -> Figure:
     tracker = CheckpointTracker(BinlogPosition(*backlog.start))
-    producer = ChangeProducer(kafka)
+    producer = ChangeProducer(kafka, **producer_options)
     sender = _sender(kafka, tracker, producer)
     source = _source(mysql, backlog)
 
@@ -276,7 +291,10 @@ def measure_send(mysql: MySQLSettings, kafka: KafkaSettings, backlog: Backlog) -
         return {"main": threading.main_thread().native_id or 0, "delivery": poller or 0}
 
     try:
-        return _timed(work, threads)
+        broker = process_cpu(broker_pid)
+        figure = _timed(work, threads)
+        figure.threads["broker"] = (process_cpu(broker_pid) - broker) / figure.rows * 1e6
+        return figure
     finally:
         producer.close(5)
 
@@ -290,6 +308,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--kinds", default="single,multi")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--producer",
+        default="",
+        help="ChangeProducer keyword arguments for send, as JSON (e.g. '{\"linger_ms\": 5}')",
+    )
     args = parser.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
     kinds = [k for k in args.kinds.split(",") if k]
@@ -312,7 +335,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                     elif mode == "encode":
                         figure = measure_encode(mysql, kafka, backlog)
                     else:
-                        figure = measure_send(mysql, kafka, backlog)
+                        options = orjson.loads(args.producer) if args.producer else {}
+                        figure = measure_send(mysql, kafka, backlog, options, broker.pid)
                     if figure.rows != backlog.rows:
                         raise RuntimeError(f"{mode} {kind}: {figure.rows} rows, expected {backlog.rows}")
                     results[kind][mode].append(figure)
