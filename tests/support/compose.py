@@ -642,6 +642,38 @@ def check_healthchecks(compose: Compose) -> Problems:
     return problems
 
 
+def duration_s(text: str) -> float:
+    """A compose duration (``40s``, ``1m30s``, ``500ms``) in seconds."""
+    units = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001, "us": 1e-6}
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|us|h|m|s)", text)
+    assert parts and "".join(n + u for n, u in parts) == text, f"not a compose duration: {text!r}"
+    return sum(float(n) * units[u] for n, u in parts)
+
+
+STOP_GRACE_FIELDS = {
+    "worker": (WorkerSettings, "shutdown_grace_s", "FRESHKEY_WORKER_SHUTDOWN_GRACE_S"),
+    "connector": (ConnectorSettings, "flush_timeout_s", "FRESHKEY_CONNECTOR_FLUSH_TIMEOUT_S"),
+}
+"""The setting that bounds how long each app takes to stop after SIGTERM."""
+
+
+def check_stop_grace(compose: Compose) -> Problems:
+    """Docker waits stop_grace_period (default 10 s) after SIGTERM, then kills: longer than the app's own
+    bound on a clean stop, or a stop becomes a kill (the worker's partitions then wait a session
+    timeout; the connector loses its last acknowledgements and replays)."""
+    problems: Problems = []
+    for name, (cls, field, variable) in STOP_GRACE_FIELDS.items():
+        service = services(compose).get(name, {})
+        grace = duration_s(str(service.get("stop_grace_period", "10s")))
+        needed = float(effective_env(service, variable, cls, field))
+        if grace <= needed:
+            problems.append(
+                f"{name}: stop_grace_period {grace:g} s is not above {variable}={needed:g} s: "
+                "Docker kills it before it stops cleanly"
+            )
+    return problems
+
+
 def check_scale(compose: Compose) -> Problems:
     """``docker compose up --scale worker=N`` starts N replicas: no fixed container name or hostname, and
     no fixed host port (two replicas cannot bind one; host port ranges are not shared out by Compose v2)."""
@@ -1020,6 +1052,7 @@ CHECKS: dict[str, Callable[[Compose], Problems]] = {
     "images": check_images,
     "healthchecks": check_healthchecks,
     "scale": check_scale,
+    "stop_grace": check_stop_grace,
     "bindings_mount": check_bindings_mount,
     "referenced_files": check_referenced_files,
     "metrics_scrape": check_metrics_scrape,

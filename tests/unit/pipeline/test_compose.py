@@ -610,6 +610,18 @@ BROKEN: list[tuple[str, Callable[[Compose], object], str, str]] = [
         "worker: TOPIC_REPLICATION_FACTOR=3 (Faust's own topics: the hotness table's changelog) differs",
     ),
     (
+        "worker killed before its shutdown grace",
+        lambda c: services(c)["worker"].pop("stop_grace_period"),
+        "stop_grace",
+        "worker: stop_grace_period 10 s is not above FRESHKEY_WORKER_SHUTDOWN_GRACE_S=15 s",
+    ),
+    (
+        "connector flush longer than its grace",
+        lambda c: _env("connector")(c).update(FRESHKEY_CONNECTOR_FLUSH_TIMEOUT_S="45"),
+        "stop_grace",
+        "connector: stop_grace_period 40 s is not above FRESHKEY_CONNECTOR_FLUSH_TIMEOUT_S=45 s",
+    ),
+    (
         "kafka replication factor above the brokers",
         lambda c: _env("connector")(c).update(FRESHKEY_KAFKA_REPLICATION_FACTOR="3"),
         "kafka",
