@@ -36,6 +36,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 _LOGIN_PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>freshkey worker: log in</title>
+<link rel="icon" href="data:,">
 <style>body{{font-family:system-ui,sans-serif;margin:4rem auto;max-width:28rem}}
 input{{width:100%;padding:.5rem;margin:.5rem 0}}button{{padding:.5rem 1rem}}.err{{color:#b00}}</style>
 </head><body><h1>freshkey worker</h1>
