@@ -24,7 +24,7 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +34,8 @@ from tests.support.compose import command_args, load_compose, load_profile, serv
 
 pytestmark = pytest.mark.integration
 
-REDIS_CLI = shutil.which("redis-cli")
-REDIS_SERVER = shutil.which("redis-server")
+REDIS_CLI = shutil.which("redis-cli") or ""
+REDIS_SERVER = shutil.which("redis-server") or ""
 
 _REDIS_CLI_SHIM = """#!{python}
 import os, sys
@@ -162,22 +162,21 @@ class ComposeRedis:
 
 
 @pytest.fixture
-def compose_redis(tmp_path: Path) -> Iterator[type[ComposeRedis]]:
+def compose_redis(tmp_path: Path) -> Iterator[Callable[[dict[str, Any]], ComposeRedis]]:
     if not (REDIS_CLI and REDIS_SERVER):
         pytest.fail("redis-server and redis-cli are needed (apt-get install -y redis-server)")
     made: list[ComposeRedis] = []
 
-    class Made(ComposeRedis):
-        def __init__(self, compose: dict[str, Any], workdir: Path | None = None) -> None:
-            super().__init__(compose, workdir or tmp_path / f"stack{len(made)}")
-            made.append(self)
+    def make(compose: dict[str, Any]) -> ComposeRedis:
+        made.append(ComposeRedis(compose, tmp_path / f"stack{len(made)}"))
+        return made[-1]
 
-    yield Made
+    yield make
     for stack in made:
         stack.close()
 
 
-def test_standalone_redis_healthcheck(compose_redis: type[ComposeRedis]) -> None:
+def test_standalone_redis_healthcheck(compose_redis: Callable[[dict[str, Any]], ComposeRedis]) -> None:
     stack = compose_redis(load_compose())
     assert stack.nodes == ["redis"]
     stack.start("redis")
@@ -188,7 +187,9 @@ def test_standalone_redis_healthcheck(compose_redis: type[ComposeRedis]) -> None
     assert stack.healthcheck("redis").returncode != 0, "a stopped server must be unhealthy"
 
 
-def test_redis_cluster_profile_forms_a_cluster(compose_redis: type[ComposeRedis]) -> None:
+def test_redis_cluster_profile_forms_a_cluster(
+    compose_redis: Callable[[dict[str, Any]], ComposeRedis],
+) -> None:
     stack = compose_redis(load_profile(("redis-cluster",)))
     assert stack.nodes == ["redis", "redis-2", "redis-3"]
     for name in stack.nodes:

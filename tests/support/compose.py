@@ -650,7 +650,7 @@ def duration_s(text: str) -> float:
     return sum(float(n) * units[u] for n, u in parts)
 
 
-STOP_GRACE_FIELDS = {
+STOP_GRACE_FIELDS: dict[str, tuple[type[BaseSettings], str, str]] = {
     "worker": (WorkerSettings, "shutdown_grace_s", "FRESHKEY_WORKER_SHUTDOWN_GRACE_S"),
     "connector": (ConnectorSettings, "flush_timeout_s", "FRESHKEY_CONNECTOR_FLUSH_TIMEOUT_S"),
 }
