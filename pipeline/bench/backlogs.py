@@ -13,7 +13,7 @@ import orjson
 
 from pipeline.bench.config import BACKLOG_SCENARIOS, BenchError
 from pipeline.bench.kafka import Copy, produce_copies, read_messages
-from pipeline.bench.measure import Session, measurement, poll
+from pipeline.bench.measure import Scenario, Session, measurement, poll
 from pipeline.bench.procs import Sampler, wait_until
 from pipeline.bench.raw import raw_decode, raw_redis_cas
 from pipeline.bench.roles import Connector, Worker, acked_count, acked_offsets, all_reached, stop_all
@@ -32,16 +32,12 @@ QUIET_S = 2.5
 evicted while frozen has heard of it, and started rejoining, within that time after it is thawed."""
 
 
-class BacklogRuns:
+class BacklogRuns(Scenario):
     """The backlog scenarios of one bench run: :meth:`run` measures them; ``worker_outcomes`` then holds
     what each worker did (to check that the writes landed)."""
 
     def __init__(self, session: Session) -> None:
-        self.session = session
-        self.config = session.config
-        self.progress = session.progress
-        self.stack = session.stack
-        self.rng = session.rng
+        super().__init__(session)
         self.worker_outcomes: dict[str, Any] = {}
 
     def run(self) -> dict[str, Any]:
@@ -104,14 +100,7 @@ class BacklogRuns:
                     else:
                         self._connector_alone(alone, backlog)
                     # Where this backlog's messages are, for the worker runs (read again then).
-                    _, following = read_messages(
-                        stack.broker.bootstrap,
-                        alone.topic,
-                        config.partitions,
-                        kafka_next,
-                        want=backlog.rows,
-                        key_prefix=key_prefix(kind),
-                    )
+                    _, following = self._alone_messages(backlog, kafka_next)
                     drains.append((record, backlog, kafka_next, following))
                     kafka_next = following
                 if e2e_connector is not None and e2e_worker is not None:
@@ -128,15 +117,7 @@ class BacklogRuns:
                 continue
             self._settle(group)
             for record, backlog, first, end in drains:
-                copies, _ = read_messages(
-                    stack.broker.bootstrap,
-                    self.alone_topic,
-                    config.partitions,
-                    first,
-                    want=backlog.rows,
-                    key_prefix=key_prefix(backlog.kind),
-                    end=end,
-                )
+                copies, _ = self._alone_messages(backlog, first, end)
                 label = "worker alone" if name == "worker" else "2 workers"
                 self.progress.step(f"run {record['run']}, {backlog.kind}: {label}")
                 record[name] = self._drain(group, copies, backlog)
@@ -155,6 +136,21 @@ class BacklogRuns:
             }
         stop_all([*(c.proc for c in connectors), *(w.proc for w in workers)])
         return results
+
+    def _alone_messages(
+        self, backlog: Backlog, start: Mapping[int, int], end: Mapping[int, int] | None = None
+    ) -> tuple[list[Copy], dict[int, int]]:
+        """``backlog``'s messages on the connector-alone topic from the ``start`` offsets (to ``end``), and
+        the offsets that follow them."""
+        return read_messages(
+            self.stack.broker.bootstrap,
+            self.alone_topic,
+            self.config.partitions,
+            start,
+            want=backlog.rows,
+            key_prefix=key_prefix(backlog.kind),
+            end=end,
+        )
 
     def _settle(self, workers: Sequence[Worker]) -> None:
         """Thaw a group, let it finish any rebalance its freeze caused (no join activity in its logs for

@@ -74,6 +74,17 @@ class Session:
         )
 
 
+class Scenario:
+    """A scenario of one bench run, with its session's config, progress, services and rng at hand."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.config = session.config
+        self.progress = session.progress
+        self.stack = session.stack
+        self.rng = session.rng
+
+
 def poll(
     done: Callable[[], float | None],
     sampler: Sampler,

@@ -8,7 +8,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pipeline.bench.measure import Session, per_item, poll
+from pipeline.bench.measure import Scenario, per_item, poll
 from pipeline.bench.procs import Sampler, wait_idle, wait_until
 from pipeline.bench.roles import Connector, Worker, acked_count, acked_offsets, stop_all
 from pipeline.bench.stack import DATABASE, RATE_NAMESPACE, RATE_TABLE, RATE_WARMUP_TABLE, update_statement
@@ -17,15 +17,8 @@ SUSTAINED_THROUGHPUT = 0.95
 SUSTAINED_CATCH_UP_S = 2.0
 
 
-class RateRuns:
+class RateRuns(Scenario):
     """The fixed-rate runs of one bench run: :meth:`run` returns a record per run and rate."""
-
-    def __init__(self, session: Session) -> None:
-        self.session = session
-        self.config = session.config
-        self.progress = session.progress
-        self.stack = session.stack
-        self.rng = session.rng
 
     def run(self) -> list[dict[str, Any]]:
         """For each run, one fresh connector and worker per rate, all started (and warmed) together, then
