@@ -4,6 +4,7 @@ Applications import this package to address cache entries the way the pipeline d
 and nothing of Faust or Kafka.
 """
 
+from cache_writer.semantic.bulk import WORD_DTYPE, Engine, format_words, words_to_ints
 from cache_writer.semantic.embeddings import EmbeddingDtype, decode_embedding, decode_embeddings
 from cache_writer.semantic.exceptions import (
     DeviceUnavailableError,
@@ -26,10 +27,12 @@ from cache_writer.semantic.weights import (
 
 __all__ = [
     "MODALITIES",
+    "WORD_DTYPE",
     "DeviceUnavailableError",
     "EmbeddingDtype",
     "EmbeddingError",
     "EncoderUnavailableError",
+    "Engine",
     "HashingTextEmbedder",
     "KeyHashWeights",
     "Modality",
@@ -42,6 +45,7 @@ __all__ = [
     "decode_embedding",
     "decode_embeddings",
     "format_key",
+    "format_words",
     "key_words",
     "load_update_weights",
     "load_weights",
@@ -50,4 +54,5 @@ __all__ = [
     "quantize",
     "resolve_device",
     "verify_digest",
+    "words_to_ints",
 ]

@@ -5,6 +5,11 @@
 >>> keys = keyer.keys("image", image_embeddings)            # (n, 512) tensor -> n Python ints
 >>> keys = keyer.keys("text", [row["embedding"] for row in rows])   # bytes, base64, JSON lists
 >>> format_key(keys[0], weights.key_bits)                   # 16 (or 32) lowercase hex digits
+>>> words = keyer.words("image", image_embeddings)          # (n, 1) uint64 tensor on the keyer's device
+>>> keyer.hex_keys("image", image_embeddings)               # the same hex, without a Python int per key
+
+``words`` is the bulk path (cutovers, prewarms, whole namespaces): no Python object per key, and on a
+GPU the keys stay on the device (:mod:`cache_writer.semantic.bulk`).
 
 A key depends only on the weights and the embedding's values (see :mod:`cache_writer.semantic.ushash`
 for why it is bit-identical on CPU and GPU, at any batch size, thread count or process).
@@ -17,6 +22,7 @@ from typing import Literal
 
 import torch
 
+from cache_writer.semantic.bulk import Engine, format_words
 from cache_writer.semantic.embeddings import EmbeddingDtype, EmbeddingValue, decode_embeddings
 from cache_writer.semantic.exceptions import DeviceUnavailableError
 from cache_writer.semantic.fallback_embedder import HashingTextEmbedder
@@ -62,14 +68,23 @@ class SemanticKeyer:
     they are computed (``ushash`` module docstring). Batch as much as you like: the keys do not change.
     """
 
-    def __init__(self, weights: KeyHashWeights, device: str | torch.device = "auto") -> None:
+    def __init__(
+        self, weights: KeyHashWeights, device: str | torch.device = "auto", engine: Engine = "auto"
+    ) -> None:
+        """``engine``: how the device computes the sign of the key's integer dot products; ``auto`` picks
+        the fastest exact one (``cache_writer.semantic.bulk``). Every engine gives the same keys."""
         self.weights = weights
         self.device = resolve_device(device)
-        self._hash = USHash(weights, self.device)
+        self._hash = USHash(weights, self.device, engine)
 
     @property
     def key_bits(self) -> int:
         return self.weights.key_bits
+
+    @property
+    def engine(self) -> str:
+        """The engine in use (``int8`` or ``float64``)."""
+        return self._hash.engine
 
     def dim(self, modality: str) -> int:
         return self.weights.dim(modality)
@@ -86,11 +101,39 @@ class SemanticKeyer:
         Raises :class:`~cache_writer.semantic.exceptions.EmbeddingError` for a malformed embedding and
         ``KeyError`` for a modality the weights do not have.
         """
+        return self._hash.keys(modality, self._batch(modality, embeddings, dtype))
+
+    def words(
+        self,
+        modality: str,
+        embeddings: torch.Tensor | Sequence[EmbeddingValue],
+        dtype: EmbeddingDtype | None = None,
+    ) -> torch.Tensor:
+        """The keys as a ``(n, key_bits // 64)`` ``torch.uint64`` tensor on the keyer's device, word 0
+        the low 64 bits (``key_words``): the bulk path, with no Python object per key. Same arguments
+        and errors as :meth:`keys`."""
+        return self._hash.words(modality, self._batch(modality, embeddings, dtype))
+
+    def hex_keys(
+        self,
+        modality: str,
+        embeddings: torch.Tensor | Sequence[EmbeddingValue],
+        dtype: EmbeddingDtype | None = None,
+    ) -> list[str]:
+        """``format_key`` of each key (what entry keys are made of), from :meth:`words` without a Python
+        int per key. Same arguments and errors as :meth:`keys`."""
+        return format_words(self.words(modality, embeddings, dtype))
+
+    def _batch(
+        self,
+        modality: str,
+        embeddings: torch.Tensor | Sequence[EmbeddingValue],
+        dtype: EmbeddingDtype | None,
+    ) -> torch.Tensor:
         dim = self.weights.dim(modality)
-        batch = (
-            embeddings if isinstance(embeddings, torch.Tensor) else decode_embeddings(embeddings, dim, dtype)
-        )
-        return self._hash.keys(modality, batch)
+        if isinstance(embeddings, torch.Tensor):
+            return embeddings
+        return decode_embeddings(embeddings, dim, dtype)
 
     def text_keys(
         self, texts: Sequence[str], embedder: HashingTextEmbedder, modality: str = "text"

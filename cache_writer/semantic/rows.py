@@ -19,7 +19,6 @@ from cache_writer.semantic import (
     SemanticKeyer,
     TextRules,
     decode_embedding,
-    format_key,
 )
 from cache_writer.semantic.exceptions import EmbeddingError
 from schemas import Binding
@@ -72,10 +71,11 @@ def row_keys(requests: Sequence[RowKeyRequest], prefix: str) -> list[str | Embed
             continue
         import torch
 
-        keys = keyer.keys(modality, torch.stack(vectors))
+        # the bulk path: hex straight from the words, no Python int per key
+        keys = keyer.hex_keys(modality, torch.stack(vectors))
         for index, key in zip(ok, keys, strict=True):
             request = requests[index]
-            results[index] = entry_key(prefix, request.binding.namespace, [format_key(key, keyer.key_bits)])
+            results[index] = entry_key(prefix, request.binding.namespace, [key])
     return results
 
 
