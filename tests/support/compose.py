@@ -31,6 +31,7 @@ from pipeline.settings import (
     TelemetrySettings,
     WorkerSettings,
 )
+from pipeline.web.settings import WebSettings
 from schemas import BindingError, parse_bindings
 from schemas import metrics as metric_names
 from schemas.metrics import PROMETHEUS_METRIC_NAMES
@@ -61,6 +62,7 @@ SETTINGS_CLASSES: tuple[type[BaseSettings], ...] = (
     SlaSettings,
     L3Settings,
     HeartbeatSettings,
+    WebSettings,
 )
 REQUIRED_SERVICES = ("mysql", "kafka", "redis", "connector", "worker", "heartbeat", "prometheus", "grafana")
 APP_SERVICES = ("connector", "worker")
@@ -329,7 +331,10 @@ def check_env_values(compose: Compose, monkeypatch: pytest.MonkeyPatch) -> Probl
                     prefix = str(cls.model_config.get("env_prefix", ""))
                     for error in exc.errors(include_url=False):
                         variable = f"{prefix}{error['loc'][0]}".upper()
-                        problems.append(f"{name}: {variable}={error.get('input')!r}: {error['msg']}")
+                        field = cls.model_fields.get(str(error["loc"][0]))
+                        secret = field is not None and "SecretStr" in str(field.annotation)
+                        shown = "<hidden>" if secret else repr(error.get("input"))
+                        problems.append(f"{name}: {variable}={shown}: {error['msg']}")
     return problems
 
 

@@ -1210,3 +1210,15 @@ def test_faust_reads_its_replication_factor_from_the_environment(monkeypatch: py
     assert FreshkeyApp("compose-test", broker="kafka://127.0.0.1:1").conf.topic_replication_factor == 1
     compose = load_profile(("kafka-cluster",))
     assert environment(services(compose)["worker"])["TOPIC_REPLICATION_FACTOR"] == "3"
+
+
+def test_worker_web_token_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unset: no token (the empty value is none); set: the worker gets it, and a short one is refused."""
+    assert environment(services(load_compose())["worker"])["FRESHKEY_WORKER_WEB_TOKEN"] == ""
+    token = "0123456789abcdef0123456789abcdef"
+    compose = load_compose(env={"FRESHKEY_WORKER_WEB_TOKEN": token})
+    assert environment(services(compose)["worker"])["FRESHKEY_WORKER_WEB_TOKEN"] == token
+    assert not check_env_values(compose, monkeypatch)
+    problems = check_env_values(load_compose(env={"FRESHKEY_WORKER_WEB_TOKEN": "tok-Zq9"}), monkeypatch)
+    assert any("FRESHKEY_WORKER_WEB_TOKEN" in p and "16 characters" in p for p in problems), problems
+    assert not any("tok-Zq9" in p for p in problems), "the refused token is not shown"
