@@ -9,23 +9,30 @@
 -- ARGV[4]  invalidation channel ('' for none); message: 'i <version> <key>'
 -- returns {1, previous version or ''} when tombstoned, {0, current version} when the key is newer or
 -- already holds this very tombstone (a replay). Either way any outstanding fill lease is void.
-local cur = redis.call('HGET', KEYS[1], 'v')
-if cur and (gt(cur, ARGV[1]) or (cur == ARGV[1] and redis.call('HEXISTS', KEYS[1], 'tomb') == 1)) then
-  -- Nothing to replace, but the row changed around this version: a fill lease issued before this
-  -- invalidation may carry what a reader read before it, so it is void all the same.
-  redis.call('HDEL', KEYS[1], 'l', 'le')
-  return {0, cur}
-end
--- Tombstone first, then drop every other field (value, lease): the key must never vanish mid-script,
--- or a Redis Cluster slot migration refuses the rest of the script (a non-local key).
-redis.call('HSET', KEYS[1], 'v', ARGV[1], 'tomb', '1', 'c', ARGV[2])
-for _, field in ipairs(redis.call('HKEYS', KEYS[1])) do
-  if field ~= 'v' and field ~= 'tomb' and field ~= 'c' then
-    redis.call('HDEL', KEYS[1], field)
+--
+-- The rule lives in invalidate_if_not_newer() alone: apply_batch.lua applies many actions with this
+-- very function (cache_writer/redis/tier.py puts it in front of the batch loop).
+local function invalidate_if_not_newer(key, version, commit_us, ttl, channel)
+  local cur = redis.call('HGET', key, 'v')
+  if cur and (gt(cur, version) or (cur == version and redis.call('HEXISTS', key, 'tomb') == 1)) then
+    -- Nothing to replace, but the row changed around this version: a fill lease issued before this
+    -- invalidation may carry what a reader read before it, so it is void all the same.
+    redis.call('HDEL', key, 'l', 'le')
+    return {0, cur}
   end
+  -- Tombstone first, then drop every other field (value, lease): the key must never vanish mid-script,
+  -- or a Redis Cluster slot migration refuses the rest of the script (a non-local key).
+  redis.call('HSET', key, 'v', version, 'tomb', '1', 'c', commit_us)
+  for _, field in ipairs(redis.call('HKEYS', key)) do
+    if field ~= 'v' and field ~= 'tomb' and field ~= 'c' then
+      redis.call('HDEL', key, field)
+    end
+  end
+  redis.call('PEXPIRE', key, ttl)
+  if channel ~= '' then
+    redis.call('PUBLISH', channel, 'i ' .. version .. ' ' .. key)
+  end
+  return {1, cur or ''}
 end
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-if ARGV[4] ~= '' then
-  redis.call('PUBLISH', ARGV[4], 'i ' .. ARGV[1] .. ' ' .. KEYS[1])
-end
-return {1, cur or ''}
+-- @single: one action, as documented above
+return invalidate_if_not_newer(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4])

@@ -12,24 +12,29 @@
 -- With KEYS[2], an entry of the same version but another signature is replaced when ARGV[6] is the
 -- namespace's active or pending signature (a rebuild under a new model; never the other way round).
 -- returns {1, previous version or ''} when written, {0, current version} when rejected as stale
-local sig = ARGV[6] or ''
-local row = ARGV[7] or ''
-local cur = redis.call('HGET', KEYS[1], 'v')
-if cur and not gt(ARGV[1], cur) then
-  if not KEYS[2] or sig == '' or cur ~= ARGV[1] then
-    return {0, cur}
+--
+-- The rule lives in write_if_newer() alone: apply_batch.lua applies many actions with this very
+-- function (cache_writer/redis/tier.py puts it in front of the batch loop).
+local function write_if_newer(key, sig_key, version, value, commit_us, ttl, channel, sig, row)
+  local cur = redis.call('HGET', key, 'v')
+  if cur and not gt(version, cur) then
+    if not sig_key or sig == '' or cur ~= version then
+      return {0, cur}
+    end
+    local h = redis.call('HMGET', key, 'tomb', 's')
+    if h[1] or h[2] == sig then
+      return {0, cur}
+    end
+    local a = redis.call('HMGET', sig_key, 's', 'ps')
+    if sig ~= a[1] and sig ~= a[2] then
+      return {0, cur}
+    end
   end
-  local h = redis.call('HMGET', KEYS[1], 'tomb', 's')
-  if h[1] or h[2] == sig then
-    return {0, cur}
+  set_entry(key, {'v', version, 'd', value, 'c', commit_us}, sig, row, ttl)
+  if channel ~= '' then
+    redis.call('PUBLISH', channel, 'w ' .. version .. ' ' .. key)
   end
-  local a = redis.call('HMGET', KEYS[2], 's', 'ps')
-  if sig ~= a[1] and sig ~= a[2] then
-    return {0, cur}
-  end
+  return {1, cur or ''}
 end
-set_entry(KEYS[1], {'v', ARGV[1], 'd', ARGV[2], 'c', ARGV[3]}, sig, row, ARGV[4])
-if ARGV[5] ~= '' then
-  redis.call('PUBLISH', ARGV[5], 'w ' .. ARGV[1] .. ' ' .. KEYS[1])
-end
-return {1, cur or ''}
+-- @single: one action, as documented above
+return write_if_newer(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6] or '', ARGV[7] or '')
