@@ -1222,3 +1222,31 @@ def test_worker_web_token_from_the_environment(monkeypatch: pytest.MonkeyPatch) 
     problems = check_env_values(load_compose(env={"FRESHKEY_WORKER_WEB_TOKEN": "tok-Zq9"}), monkeypatch)
     assert any("FRESHKEY_WORKER_WEB_TOKEN" in p and "16 characters" in p for p in problems), problems
     assert not any("tok-Zq9" in p for p in problems), "the refused token is not shown"
+
+
+@pytest.mark.parametrize(
+    ("profiles", "registered", "healthy"),
+    [((), 1, True), ((), 0, False), (("kafka-cluster",), 3, True), (("kafka-cluster",), 2, False)],
+    ids=["one broker", "no answer", "cluster complete", "cluster short of one"],
+)
+def test_kafka_healthcheck_counts_registered_brokers(
+    profiles: tuple[str, ...], registered: int, healthy: bool, tmp_path: Path
+) -> None:
+    """The kafka service's healthcheck shell, as Compose interpolates it, with kafka-broker-api-versions.sh
+    replaced by a stand-in that prints what the real tool prints per broker (``host:port (id: N rack:
+    null) -> (`` and its API lines)."""
+    test = services(load_profile(profiles))["kafka"]["healthcheck"]["test"]
+    assert test[0] == "CMD-SHELL"
+    tool = "/opt/kafka/bin/kafka-broker-api-versions.sh"
+    assert tool in test[1]
+    stand_in = tmp_path / "kafka-broker-api-versions.sh"
+    blocks = "".join(
+        f"kafka-{n}:9092 (id: {n} rack: null) -> (\\n\\tProduce(0): 0 to 11 [usable: 11],\\n)\\n"
+        for n in range(1, registered + 1)
+    )
+    stand_in.write_text(f"#!/bin/sh\nprintf '{blocks}'\n" + ("" if registered else "exit 1\n"))
+    stand_in.chmod(0o755)
+    result = subprocess.run(
+        ["sh", "-c", test[1].replace(tool, str(stand_in))], capture_output=True, timeout=30
+    )
+    assert (result.returncode == 0) == healthy, result
