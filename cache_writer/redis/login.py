@@ -16,7 +16,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import redis
-from redis.exceptions import AuthenticationError, ResponseError
+from redis.exceptions import AuthenticationError, RedisError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from cache_writer.exceptions import CacheWriterError
@@ -51,12 +51,14 @@ def check_login(
     except (AuthenticationError, ResponseError) as exc:
         if isinstance(exc, AuthenticationError) or str(exc).startswith(_LOGIN_REFUSED):
             raise RedisLoginError(_refused(where, parts.username, str(exc), prefix)) from None
-        raise
+        return  # LOADING, BUSY and the like: the server answers, the tiers wait for it
     except RedisConnectionError as exc:
         text = str(exc)
         if "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text.lower():
             raise RedisLoginError(_unverified(where, text, prefix, ca)) from None
         return  # away: an outage, which the worker waits out
+    except (RedisError, OSError):
+        return  # a timeout, a reset: an outage too
     finally:
         client.close()
 
@@ -64,9 +66,18 @@ def check_login(
 def check_tiers(settings: RedisSettings, l3: L3Settings | None = None) -> None:
     """:func:`check_login` for L2 (``FRESHKEY_REDIS_*``) and, when configured, L3
     (``FRESHKEY_REDIS_L3_*``)."""
-    check_login(settings.url, client_kwargs(settings), prefix="FRESHKEY_REDIS_", ca=settings.ssl_ca)
+    timeout_s = settings.socket_timeout_s
+    check_login(
+        settings.url,
+        client_kwargs(settings),
+        prefix="FRESHKEY_REDIS_",
+        ca=settings.ssl_ca,
+        timeout_s=timeout_s,
+    )
     if l3 is not None and l3.url:
-        check_login(l3.url, l3_client_kwargs(l3), prefix="FRESHKEY_REDIS_L3_", ca=l3.ssl_ca)
+        check_login(
+            l3.url, l3_client_kwargs(l3), prefix="FRESHKEY_REDIS_L3_", ca=l3.ssl_ca, timeout_s=timeout_s
+        )
 
 
 def _refused(where: str, user: str | None, reason: str, prefix: str) -> str:

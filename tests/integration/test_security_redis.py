@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -190,6 +191,9 @@ def test_the_login_check_names_the_setting(server: _Server) -> None:
     assert "FRESHKEY_REDIS_L3_PASSWORD" in _login_error(server.settings(), l3)
     away = server.settings(url=f"rediss://freshkey@127.0.0.1:{free_port()}/0", socket_timeout_s=1.0)
     check_tiers(away)
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts TCP, never answers the handshake
+        port = silent.getsockname()[1]
+        check_tiers(server.settings(url=f"rediss://freshkey@127.0.0.1:{port}/0", socket_timeout_s=1.0))
 
 
 def test_the_worker_stops_on_a_wrong_password(server: _Server, tmp_path: Path) -> None:
