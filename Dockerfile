@@ -23,7 +23,9 @@ RUN useradd --system --uid 10001 --home-dir /var/lib/freshkey --shell /usr/sbin/
 
 USER freshkey
 WORKDIR /var/lib/freshkey
-# The worker's web port (FRESHKEY_WORKER_WEB_PORT): /freshkey/stats.
-EXPOSE 6066
+# The worker's web port (FRESHKEY_WORKER_WEB_PORT: /freshkey/health, /freshkey/stats, /dashboard) and the
+# Prometheus ports of the worker (9464) and the connector (9465). docker-compose.yml mounts
+# deploy/healthcheck.py for the healthchecks (standard library only, so nothing more is installed here).
+EXPOSE 6066 9464 9465
 
 CMD ["freshkey", "--help"]
