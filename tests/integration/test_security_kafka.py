@@ -14,9 +14,13 @@ change.
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,7 +33,7 @@ from connectors.kafka.security import aiokafka_options, librdkafka_config
 from connectors.kafka.topics import end_offsets, prepare_topics, record_exists, topic_names
 from connectors.settings import KafkaSettings
 from connectors.tls import TlsVerificationError
-from pipeline.embedded import LocalKafka
+from pipeline.embedded import LocalKafka, free_port
 from pipeline.observe.broker import BrokerOffsets
 from tests.support.certs import CertificateAuthority
 
@@ -204,3 +208,30 @@ def test_another_hosts_certificate(brokers: _Brokers) -> None:
     unchecked = brokers.settings("SSL", bootstrap=brokers.elsewhere.bootstrap, ssl_check_hostname=False)
     _connector_round_trip(unchecked)
     assert _aiokafka_round_trip(unchecked) == [b"value-1", b"value-2"]
+
+
+def test_the_worker_stops_on_a_wrong_password(brokers: _Brokers, tmp_path: Path) -> None:
+    """``freshkey worker`` with a wrong FRESHKEY_KAFKA_SASL_PASSWORD exits 2 at once, naming the setting
+    and not the password (its Redis is away, which it would wait for: the Kafka check decides)."""
+    settings = brokers.settings("SASL_SSL", "SCRAM-SHA-512")
+    bindings = tmp_path / "bindings.yaml"
+    bindings.write_text("bindings:\n  - table: db.t\n    namespace: ns\n    value_columns: [v]\n")
+    env = {
+        **os.environ,
+        "FRESHKEY_KAFKA_BOOTSTRAP": settings.bootstrap,
+        "FRESHKEY_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+        "FRESHKEY_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+        "FRESHKEY_KAFKA_SASL_USERNAME": USER,
+        "FRESHKEY_KAFKA_SASL_PASSWORD": "not-the-password",
+        "FRESHKEY_KAFKA_SSL_CAFILE": str(brokers.ca.cert_path),
+        "FRESHKEY_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
+        "FRESHKEY_BINDINGS": str(bindings),
+        "FRESHKEY_WORKER_DATA_DIR": str(tmp_path / "worker"),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeline", "worker"], env=env, capture_output=True, text=True, timeout=120
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 2, output
+    assert f"refused the login of user '{USER}' (SCRAM-SHA-512)" in output, output
+    assert "FRESHKEY_KAFKA_SASL_PASSWORD" in output and "not-the-password" not in output
