@@ -35,6 +35,7 @@ from connectors.database import read_table
 from connectors.doctor import signal_table_check
 from connectors.settings import MySQLSettings
 from connectors.snapshot.store import SnapshotStore
+from pipeline.demo.catchup import high_watermarks, worker_reached
 from pipeline.embedded import LocalMariaDB, MissingBinaryError, ServiceStartError
 from pipeline.verify.judge import VerifyReport, expected_value, verify_namespace
 from schemas import parse_bindings
@@ -176,8 +177,14 @@ def test_without_the_watermark_step_the_same_race_ends_stale(make_pipeline: Call
     assert rounds[-1].l3.stale > 0, rounds[-1].l3
 
 
-def settled_ops(p: Pipeline, op: str, quiet_s: float = 2.0, timeout: float = 60) -> int:
-    """The worker's count of ``op`` events once it has held still for ``quiet_s`` (nothing is coming)."""
+def settled_ops(p: Pipeline, op: str, quiet_s: float = 3.0, timeout: float = 60) -> int:
+    """The worker's count of ``op`` events once nothing more can come (the connector is down): the worker
+    is past the topic's high watermarks (a hint: the test broker may under-report them by a batch) and
+    its count has held still for ``quiet_s``."""
+    highs = high_watermarks(p.kafka, p.change_topic)
+    p.wait(
+        lambda: worker_reached(p.stats(), p.change_topic, highs), timeout, "the worker at the high watermarks"
+    )
     deadline = time.monotonic() + timeout
     last, since = worker_ops(p).get(op, 0), time.monotonic()
     while time.monotonic() - since < quiet_s:
