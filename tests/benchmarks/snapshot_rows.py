@@ -10,6 +10,12 @@ Run::
 
     .venv/bin/python -m tests.benchmarks.snapshot_rows --rows 1000000 --chunk-rows 5000
 
+Measured here (shared 2-core machine, load average 9 to 11 from other work meanwhile; MariaDB 10.11,
+Tansu, one connector, one worker, chunks of 5,000, no rate limit): 1,000,000 rows in 241.1 s = 4,147
+rows/s to Kafka by the connector's clock, every row in Redis after 286.4 s = 3,492 rows/s end to end,
+1,000,000 checked, 0 stale, 0 missing (writing the rows took 214 s; the whole run 11 min 47 s).
+100,000 rows: 4,851 rows/s to Kafka, 3,205 rows/s end to end.
+
 Figures, not a test: nothing here asserts a time (the consistency check is asserted).
 """
 
