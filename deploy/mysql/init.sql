@@ -32,3 +32,8 @@ CREATE TABLE IF NOT EXISTS freshkey.heartbeat (
 );
 
 GRANT CREATE, INSERT, DELETE ON freshkey.* TO 'freshkey'@'%';
+
+-- The signal table of snapshots (FRESHKEY_CONNECTOR_SIGNAL_TABLE, default freshkey.signal): the connector
+-- creates it and writes requests, watermarks and progress there, and `freshkey snapshot` updates it;
+-- with the grants above that makes CREATE, SELECT, INSERT, UPDATE, DELETE on this database.
+GRANT UPDATE ON freshkey.* TO 'freshkey'@'%';

@@ -72,6 +72,8 @@ HEARTBEAT_SERVICE = "heartbeat"
 MYSQL_CLIENTS = (*APP_SERVICES, HEARTBEAT_SERVICE)
 HEARTBEAT_WRITE_PRIVILEGES = frozenset({"CREATE", "INSERT", "DELETE"})
 """What the prober needs on its table: create it when missing, REPLACE its row (INSERT and DELETE)."""
+SIGNAL_PRIVILEGES = frozenset({"CREATE", "SELECT", "INSERT", "UPDATE", "DELETE"})
+"""What the connector's account needs on the signal table of snapshots (connectors/snapshot/signals.py)."""
 INIT_SQL_DIR = "/docker-entrypoint-initdb.d/"
 METRICS_PORT_FIELDS = {"worker": "prometheus_port", "connector": "connector_prometheus_port"}
 """The TelemetrySettings field that gives each app's /metrics port."""
@@ -946,9 +948,15 @@ def init_statements(compose: Compose) -> list[str]:
 _GRANT = re.compile(r"^GRANT (?P<privileges>.+?) ON (?P<object>\S+) TO '(?P<user>[^']*)'", re.IGNORECASE)
 
 
-def granted(statements: list[str], user: str, database: str, table: str) -> set[str]:
+def granted(
+    statements: list[str],
+    user: str,
+    database: str,
+    table: str,
+    all_privileges: frozenset[str] = HEARTBEAT_WRITE_PRIVILEGES,
+) -> set[str]:
     """Privileges the statements grant ``user`` on ``database.table`` (directly, or on the database or
-    everything); ``ALL [PRIVILEGES]`` counts as every privilege the heartbeat needs."""
+    everything); ``ALL [PRIVILEGES]`` counts as ``all_privileges`` (what the caller needs)."""
     covering = {"*.*", f"{database}.*", f"{database}.{table}"}
     found: set[str] = set()
     for statement in statements:
@@ -956,7 +964,7 @@ def granted(statements: list[str], user: str, database: str, table: str) -> set[
         if match is None or match["user"] != user or match["object"].replace("`", "") not in covering:
             continue
         privileges = {p.strip().upper() for p in match["privileges"].split(",")}
-        found |= HEARTBEAT_WRITE_PRIVILEGES if privileges & {"ALL", "ALL PRIVILEGES"} else privileges
+        found |= all_privileges if privileges & {"ALL", "ALL PRIVILEGES"} else privileges
     return found
 
 
@@ -1027,6 +1035,23 @@ def check_heartbeat(compose: Compose) -> Problems:
     return problems
 
 
+def check_signal_table(compose: Compose) -> Problems:
+    """The connector's account may create and write the signal table of snapshots
+    (FRESHKEY_CONNECTOR_SIGNAL_TABLE): an init script grants it what ``freshkey doctor`` asks for."""
+    connector = services(compose).get("connector", {})
+    table = effective_env(connector, "FRESHKEY_CONNECTOR_SIGNAL_TABLE", ConnectorSettings, "signal_table")
+    database, _, name = table.partition(".")
+    user = effective_env(connector, "FRESHKEY_MYSQL_USER", MySQLSettings, "user")
+    missing = SIGNAL_PRIVILEGES - granted(init_statements(compose), user, database, name, SIGNAL_PRIVILEGES)
+    if not missing:
+        return []
+    return [
+        f"mysql: no init script grants {user!r} {', '.join(sorted(missing))} on {table}, the signal table "
+        f"of `freshkey snapshot` (GRANT CREATE, SELECT, INSERT, UPDATE, DELETE ON {database}.* "
+        f"TO '{user}'@'%')"
+    ]
+
+
 def check_compose_schema(path: Path = COMPOSE_PATH) -> Problems:
     """The file against the compose specification's JSON schema (check-jsonschema's vendored copy, so
     offline): what ``docker compose config`` would refuse before anything starts."""
@@ -1064,6 +1089,7 @@ CHECKS: dict[str, Callable[[Compose], Problems]] = {
     "grafana": check_grafana,
     "alert_rules": check_alert_rules,
     "heartbeat": check_heartbeat,
+    "signal_table": check_signal_table,
 }
 
 

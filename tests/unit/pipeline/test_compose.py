@@ -69,6 +69,7 @@ from tests.support.compose import (
     check_kafka,
     check_metrics_scrape,
     check_redis_cluster,
+    check_signal_table,
     check_wiring,
     effective_env,
     environment,
@@ -1250,3 +1251,19 @@ def test_kafka_healthcheck_counts_registered_brokers(
         ["sh", "-c", test[1].replace(tool, str(stand_in))], capture_output=True, timeout=30
     )
     assert (result.returncode == 0) == healthy, result
+
+
+def test_signal_table_check_reads_the_grants_of_init_sql(compose: Compose, tmp_path: Path) -> None:
+    """Without UPDATE on the signal table's database `freshkey snapshot` cannot work in the stack."""
+    real = (REPO_ROOT / "deploy" / "mysql" / "init.sql").read_text()
+    grant = "GRANT UPDATE ON freshkey.* TO 'freshkey'@'%';"
+    assert grant in real
+    assert not check_signal_table(_with_init_sql(compose, tmp_path, real))
+    problems = check_signal_table(_with_init_sql(compose, tmp_path, real.replace(grant, "")))
+    assert any("no init script grants 'freshkey' UPDATE on freshkey.signal" in p for p in problems), problems
+    everything = real.replace(grant, "GRANT ALL PRIVILEGES ON freshkey.* TO 'freshkey'@'%';")
+    assert not check_signal_table(_with_init_sql(compose, tmp_path, everything))
+    elsewhere = copy.deepcopy(compose)
+    services(elsewhere)["connector"]["environment"]["FRESHKEY_CONNECTOR_SIGNAL_TABLE"] = "ops.signal"
+    problems = check_signal_table(elsewhere)
+    assert any("CREATE, DELETE, INSERT, UPDATE on ops.signal" in p for p in problems), problems
