@@ -18,16 +18,18 @@ for why it is bit-identical on CPU and GPU, at any batch size, thread count or p
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
 from cache_writer.semantic.bulk import Engine, format_words
 from cache_writer.semantic.embeddings import EmbeddingDtype, EmbeddingValue, decode_embeddings
 from cache_writer.semantic.exceptions import DeviceUnavailableError
-from cache_writer.semantic.fallback_embedder import HashingTextEmbedder
 from cache_writer.semantic.ushash import USHash
 from cache_writer.semantic.weights import KeyHashWeights
+
+if TYPE_CHECKING:  # a type only: its module needs pydantic, which computing keys does not
+    from cache_writer.semantic.fallback_embedder import HashingTextEmbedder
 
 DeviceChoice = Literal["auto", "cpu", "cuda"]
 

@@ -70,6 +70,8 @@ _FLOAT64_EXPONENT_BIAS = 1023
 _ACCEPTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _CPU_CHUNK_ROWS = 512  # measured: float64 GEMM and element-wise passes stay in L2 on a 2-core host
 _CPU_BULK_CHUNK_ROWS = 1024  # measured on a 2-core AVX-512 host: 512 and 2048 are 10-30 % slower
+_CPU_BULK_MIN_ROWS = 128  # measured, 1 thread, d=512: below it the reference's fewer passes win (0.4-0.9x
+# the reference's keys/s at 1-64 rows), from 256 rows the bulk path does (2.2-2.5x at 256-512 rows)
 _DEVICE_CHUNK_ROWS = 1 << 16
 
 
@@ -210,11 +212,14 @@ class USHash:
     def words(self, modality: str, embeddings: torch.Tensor) -> torch.Tensor:
         """The keys of a ``(n, dim)`` batch as a ``(n, key_bits // 64)`` ``torch.uint64`` tensor on this
         hasher's device, word 0 the low 64 bits (``keys.key_words`` of each key): no Python int per key.
+        Computed by the engine's :meth:`bulk` hasher, or by the reference path for batches of fewer than
+        128 rows on a CPU (where it is faster) or when the engine failed its self-check.
 
         Raises :class:`EmbeddingError` for a wrong shape or dtype, or a NaN or infinite value.
         """
         fused_t = self._checked(modality, embeddings)
-        hasher = self.bulk(modality)
+        small = self.device.type == "cpu" and len(embeddings) < _CPU_BULK_MIN_ROWS  # the same keys, faster
+        hasher = None if small else self.bulk(modality)
         if hasher is not None:
             return hasher.words(embeddings)
         chunks = [

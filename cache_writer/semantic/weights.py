@@ -40,14 +40,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
 import torch
 
 from cache_writer.semantic.exceptions import WeightsDigestMismatch, WeightsError
-from schemas.model_updates import ModelUpdate, ModelUpdateRejected
 from schemas.signature import canonical_json
+
+if TYPE_CHECKING:
+    from schemas.model_updates import ModelUpdate
 
 WEIGHTS_FORMAT = "freshkey.keyhash-weights/1"
 KEY_BITS = (64, 128)
@@ -255,6 +257,10 @@ def load_update_weights(update: ModelUpdate, *, base_dir: str | Path | None = No
     """The verified weights of a model update, or :class:`ModelUpdateRejected` with the reason:
     ``digest-mismatch`` when the file does not hash to ``update.weights_sha256``, ``weights-invalid``
     when it cannot be read or parsed or its key size is not ``update.key_bits``."""
+    # imported here: schemas.model_updates needs pydantic, which computing keys does not (the GPU check
+    # in tests/gpu loads the semantic modules with torch alone)
+    from schemas.model_updates import ModelUpdateRejected
+
     label = f"model {update.model} {update.model_version}"
     try:
         weights = load_weights(update.weights_ref, update.weights_sha256, base_dir=base_dir)

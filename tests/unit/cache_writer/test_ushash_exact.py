@@ -317,9 +317,14 @@ def test_words_equal_todays_keys_at_batch_sizes_up_to_4096(
         engine, count = ENGINES[turn % 2], 1 + (turn // 2) % 2
         torch.set_num_threads(count)
         start = (n * 7919) % (len(pool) - n + 1)
-        got = hashers[engine].words("text", pool[start : start + n])
+        batch = pool[start : start + n]
+        bulk = hashers[engine].bulk("text")
+        assert bulk is not None
+        got = bulk.words(batch)  # the engine itself, also where USHash.words takes the reference path
         assert got.dtype == torch.uint64 and got.shape == (n, key_bits // 64)
         assert torch.equal(got.view(torch.int64), expected[start : start + n]), (n, engine, count)
+        if n < 300:  # where USHash.words chooses between the reference and the engine
+            assert torch.equal(hashers[engine].words("text", batch).view(torch.int64), got.view(torch.int64))
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -372,9 +377,9 @@ def test_the_int8_engine_needs_its_sign_flip(weights: KeyHashWeights) -> None:
         quantized.q[~quantized.reference].to(torch.float64), (q * quantized.sign)[~quantized.reference]
     )
     hasher = USHash(weights, "cpu", "int8")
-    assert torch.equal(
-        hasher.words("text", vectors).view(torch.int64), reference_words(hasher, "text", vectors)
-    )
+    bulk = hasher.bulk("text")  # the engine itself: USHash.words keys so few rows with the reference
+    assert bulk is not None
+    assert torch.equal(bulk.words(vectors).view(torch.int64), reference_words(hasher, "text", vectors))
 
 
 def test_rows_the_fused_quantize_cannot_hold_go_to_the_reference(weights: KeyHashWeights) -> None:
@@ -391,9 +396,9 @@ def test_rows_the_fused_quantize_cannot_hold_go_to_the_reference(weights: KeyHas
     assert bool(zero.any()) and not bool(wrong[zero].any()) and not bool(quantized.reference[zero].any())
     assert torch.equal(wrong, quantized.reference)
     hasher = USHash(weights, "cpu", "int8")
-    assert torch.equal(
-        hasher.words("text", vectors).view(torch.int64), reference_words(hasher, "text", vectors)
-    )
+    bulk = hasher.bulk("text")  # the engine itself: USHash.words keys so few rows with the reference
+    assert bulk is not None
+    assert torch.equal(bulk.words(vectors).view(torch.int64), reference_words(hasher, "text", vectors))
 
 
 def test_a_broken_kernel_is_caught_and_keys_stay_right(
@@ -409,7 +414,7 @@ def test_a_broken_kernel_is_caught_and_keys_stay_right(
         return out
 
     monkeypatch.setattr(torch, "_int_mm", off_by_one)
-    vectors = probe_embeddings(384, seed=5)
+    vectors = torch.cat([probe_embeddings(384, seed=5), torch.randn(200, 384)])  # >= 128 rows: the engine
     hasher = USHash(weights, "cpu", "int8")
     with caplog.at_level("ERROR", logger="cache_writer.semantic.ushash"):
         words = hasher.words("text", vectors)
