@@ -23,8 +23,13 @@ class WorkerSettings(BaseSettings):
     web_bind: str = "127.0.0.1"
     web_port: int = Field(6066, ge=1, le=65535)
     data_dir: Path = Path(".freshkey/worker")
-    batch_max: int = Field(500, ge=1, description="Most events applied to Redis in one pipeline.")
-    batch_within_ms: float = Field(5.0, gt=0, description="Longest wait to fill a batch.")
+    batch_max: int = Field(500, ge=1, description="Most changes applied to the tiers in one batch.")
+    batch_within_ms: float = Field(
+        0.0,
+        ge=0,
+        description="Longest extra wait for a batch to fill once changes are waiting (0: a batch is what "
+        "the last fetches brought; waiting trades lag for fewer, fuller batches).",
+    )
     session_timeout_s: float = Field(10.0, gt=0)
     commit_interval_s: float = Field(1.0, gt=0)
     fetch_max_wait_ms: int = Field(

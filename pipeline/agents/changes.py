@@ -1,11 +1,14 @@
 """The change agent: change topic -> processor -> every tier, then the offsets.
 
-Offsets are acknowledged only after every tier acknowledged the batch (``noack_take`` + manual ack), so
-a crash replays at most the unacknowledged batches, which the version checks make harmless. Outages are
-retried until the service answers, never skipped. A message that cannot be processed for any other
-reason becomes a dead letter and the stream goes on; a batch that fails with something unexpected is
-handled one message at a time, so only the message that causes it is dead-lettered. An agent that
-crashes anyway ends the process (``pipeline.outages.crash``) instead of living on without consuming.
+The change topic's messages come from the app's :class:`~pipeline.faust_app.Intake` in batches (a
+fetch's worth, at most ``FRESHKEY_WORKER_BATCH_MAX``), not one Faust event at a time; the agent is still
+Faust's agent of the topic (supervised by Faust, seen by ``/freshkey/health``), it just does not read
+its stream. Offsets are acknowledged only after every tier acknowledged the batch, so a crash replays at
+most the unacknowledged batches, which the version checks make harmless. Outages are retried until the
+service answers, never skipped. A message that cannot be processed for any other reason becomes a dead
+letter and the stream goes on; a batch that fails with something unexpected is handled one message at a
+time, so only the message that causes it is dead-lettered. An agent that crashes anyway ends the process
+(``pipeline.outages.crash``) instead of living on without consuming.
 """
 
 from __future__ import annotations
@@ -14,11 +17,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import cast
 
 import faust
+from faust.types import Message
 
 from pipeline.context import Worker
+from pipeline.faust_app import FreshkeyApp
 from pipeline.outages import OUTAGES, crash, retrying
 from pipeline.processor import describe
 from schemas import DdlEvent
@@ -26,19 +32,30 @@ from schemas import DdlEvent
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True, slots=True)
+class Received:
+    """A message as the dead-letter writer takes it (``.message``), made only for the few that go there."""
+
+    message: Message
+
+
 def install(w: Worker) -> None:
     processor = w.processor
     by_namespace = {b.namespace: b for b in w.bindings.bindings}
+    settings = w.settings.worker
+    app = cast(FreshkeyApp, w.app)
+    # Twice a batch: the next batch is fetched while one is applied, and no more is held in memory.
+    intake = app.use_intake(w.topics["changes"], batch=settings.batch_max, capacity=2 * settings.batch_max)
 
-    async def handle(events: Sequence[Any]) -> None:
+    async def handle(messages: Sequence[Message]) -> None:
         """One batch: prepare, apply to every tier, dead letters, DDL. Outages are retried inside; any
         other exception escapes (the caller isolates the message that causes it)."""
         received_ms = time.time() * 1000
-        messages = [(e.message.key, e.message.value) for e in events]
-        topics = [e.message.topic for e in events]
+        pairs = [(m.key, m.value) for m in messages]
+        topics = [m.topic for m in messages]
         async for attempt in retrying("preparing a batch"):
             with attempt:
-                prepared = await processor.prepare(messages, topics=topics)
+                prepared = await processor.prepare(pairs, topics=topics)
         planned_ms = time.time() * 1000
         for namespace, reason in prepared.fences.items():
             await w.tiers.fence([by_namespace[namespace]], reason, cause="oversize")
@@ -51,7 +68,7 @@ def install(w: Worker) -> None:
                     prepared.planned, received_ms=received_ms, planned_ms=planned_ms
                 )
         for reject in sorted([*prepared.rejects, *refused], key=lambda r: r.index):
-            await w.dead_letters.send(events[reject.index], reject.stage, reject.reason)
+            await w.dead_letters.send(Received(messages[reject.index]), reject.stage, reject.reason)
         for ddl_event in prepared.ddl:  # after the batch's changes: they were read under the old columns
             await apply_ddl(ddl_event)
 
@@ -77,52 +94,60 @@ def install(w: Worker) -> None:
             processor.observers.on_event("signature_ddl")
             w.signature_log.add(namespace, "ddl")
 
-    async def isolate(events: Sequence[Any], exc: BaseException) -> None:
+    async def isolate(messages: Sequence[Message], exc: BaseException) -> None:
         """A batch failed with something that is not an outage: handle each message alone, so that only
         the message that causes it becomes a dead letter (with the error's class) and the rest applies."""
-        log.exception("a batch of %d failed (%r): handling each message alone", len(events), exc)
-        for event in events:
+        log.exception("a batch of %d failed (%r): handling each message alone", len(messages), exc)
+        for message in messages:
             try:
-                await handle([event])
+                await handle([message])
             except asyncio.CancelledError:
                 raise
             except Exception as one:
                 processor.observers.on_event("unexpected")
-                await w.dead_letters.send(event, "unexpected", describe(one))
+                await w.dead_letters.send(Received(message), "unexpected", describe(one))
 
-    settings = w.settings.worker
+    def received(messages: Sequence[Message]) -> dict[tuple[str, int], int]:
+        """Tell the consumer progress what arrived (the oldest and the newest message of each partition:
+        what it needs for the age of the oldest waiting change); the highest offset of each partition."""
+        first: dict[tuple[str, int], Message] = {}
+        highest: dict[tuple[str, int], int] = {}
+        for message in messages:
+            where = (message.topic, message.partition)
+            if where not in first:
+                first[where] = message
+            highest[where] = max(highest.get(where, -1), message.offset)
+        for where, message in first.items():
+            w.progress.on_received(*where, message.offset, _timestamp_ms(message))
+        return highest
 
     @w.app.agent(w.topics["changes"])
     async def apply_changes(stream: faust.StreamT) -> None:
-        batches = stream.noack_take(  # type: ignore[attr-defined]
-            settings.batch_max, within=settings.batch_within_ms / 1000
-        )
+        """Faust's agent of the change topic, fed by the intake (its own stream stays empty)."""
+        within_s = settings.batch_within_ms / 1000
+        ack = app.consumer.ack
         try:
-            async for events in batches:
-                for event in events:  # before anything can block: a wedged batch shows its age
-                    message = event.message
-                    w.progress.on_received(
-                        message.topic,
-                        message.partition,
-                        message.offset,
-                        message.timestamp * 1000 if message.timestamp else None,
-                    )
+            while True:
+                messages = [m for m in await intake.take(settings.batch_max, within_s) if app.current(m)]
+                if not messages:
+                    continue
+                highest = received(messages)  # before anything can block: a wedged batch shows its age
                 await w.tiers.ready.wait()
                 try:
-                    await handle(events)
+                    await handle(messages)
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
-                    await isolate(events, exc)
-                highest: dict[tuple[str, int], int] = {}
-                for event in events:
-                    message = event.message
-                    where = (message.topic, message.partition)
-                    highest[where] = max(highest.get(where, -1), message.offset)
-                    await stream.ack(event)
+                    await isolate(messages, exc)
+                for message in messages:
+                    ack(message)
                 for (topic, partition), offset in highest.items():
                     processor.observers.on_offset(topic, partition, offset)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
             crash("the change agent", exc)
+
+
+def _timestamp_ms(message: Message) -> float | None:
+    return message.timestamp * 1000 if message.timestamp else None
