@@ -67,6 +67,7 @@ from typing import Literal
 
 import torch
 
+from cache_writer.semantic.exact import quantize, sign_bits
 from cache_writer.semantic.exceptions import EmbeddingError
 
 log = logging.getLogger(__name__)
@@ -270,9 +271,7 @@ def _bytes_to_words(packed: torch.Tensor) -> torch.Tensor:
 
 
 def reference_words(embeddings: torch.Tensor, fused_t: torch.Tensor) -> torch.Tensor:
-    """The reference path (``ushash.quantize`` and ``sign_bits``) packed into int64 words."""
-    from cache_writer.semantic.ushash import quantize, sign_bits
-
+    """The reference path (``exact.quantize`` and ``sign_bits``) packed into int64 words."""
     bits = sign_bits(quantize(embeddings.to(fused_t.device)), fused_t)
     n, key_bits = bits.shape
     shifts = torch.arange(8, dtype=torch.uint8, device=bits.device)

@@ -58,16 +58,29 @@ from cache_writer.semantic.bulk import (
     self_check,
     words_to_ints,
 )
+from cache_writer.semantic.exact import (
+    ACCEPTED_DTYPES,
+    EXACT_LIMIT,
+    QUANT_MAX,
+    quantize,
+    sign_bits,
+)
 from cache_writer.semantic.exceptions import EmbeddingError, WeightsError
 from cache_writer.semantic.weights import INT8_LIMIT, KeyHashWeights
 
 log = logging.getLogger(__name__)
 
-QUANT_MAX = 128
-"""Largest ``|q_j|`` after quantization."""
-EXACT_LIMIT = 2**53
-_FLOAT64_EXPONENT_BIAS = 1023
-_ACCEPTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+__all__ = [
+    "EXACT_LIMIT",
+    "QUANT_MAX",
+    "USHash",
+    "exactness_bound",
+    "fused_matrix",
+    "pack_bits",
+    "quantize",
+    "sign_bits",
+]
+
 _CPU_CHUNK_ROWS = 512  # measured: float64 GEMM and element-wise passes stay in L2 on a 2-core host
 _CPU_BULK_CHUNK_ROWS = 1024  # measured on a 2-core AVX-512 host: 512 and 2048 are 10-30 % slower
 _CPU_BULK_MIN_ROWS = 128  # measured, 1 thread, d=512: below it the reference's fewer passes win (0.4-0.9x
@@ -81,41 +94,12 @@ def exactness_bound(shared_dim: int, dim: int) -> int:
     return max(fused, dim * fused * QUANT_MAX)
 
 
-def quantize(embeddings: torch.Tensor) -> torch.Tensor:
-    """Step 1 of the module docstring: ``(n, dim)`` float16/bfloat16/float32 -> integer-valued float64.
-
-    Raises :class:`EmbeddingError` for another dtype or shape, or a NaN or infinite value.
-    """
-    if embeddings.dtype not in _ACCEPTED_DTYPES:
-        raise EmbeddingError(f"embeddings must be float16, bfloat16 or float32, not {embeddings.dtype}")
-    if embeddings.dim() != 2 or embeddings.shape[1] == 0:
-        raise EmbeddingError(f"embeddings must be a (batch, dim) matrix, got shape {tuple(embeddings.shape)}")
-    # max and abs are exact in any precision, and every float16/bfloat16/float32 value (subnormals too)
-    # is a normal float64 number. A NaN or an infinity anywhere makes its row's peak NaN or infinite.
-    peak = embeddings.abs().amax(dim=1, keepdim=True).to(torch.float64)
-    if not bool(torch.isfinite(peak).all()):
-        raise EmbeddingError("embeddings hold NaN or infinite values: they have no key")
-    # floor(log2(peak)) read from the float64 exponent field: exact, and the same bits on every device.
-    exponent = ((peak.view(torch.int64) >> 52) & 0x7FF) - _FLOAT64_EXPONENT_BIAS
-    shift = torch.where(peak > 0, 6 - exponent, torch.zeros_like(exponent))
-    # 2**shift built from its bits; shift is in [-121, 155] here, well inside float64's exponent range.
-    scale = ((shift + _FLOAT64_EXPONENT_BIAS) << 52).view(torch.float64)
-    # The product is promoted to float64 (the input converted exactly, then scaled by a power of two:
-    # exact), then rounded half to even in place; CPU and CUDA both round this way.
-    return (embeddings * scale).round_()
-
-
 def fused_matrix(weights: KeyHashWeights, modality: str, device: torch.device | str = "cpu") -> torch.Tensor:
     """``(P W_m)^T`` as float64, shape ``(dim, key_bits)``, exact (module docstring), on ``device``."""
     weights.dim(modality)  # raises KeyError naming the known modalities
     projection = weights.projections[modality]
     fused = weights.prototypes.to(torch.float64) @ projection.to(torch.float64)
     return fused.t().contiguous().to(device)
-
-
-def sign_bits(quantized: torch.Tensor, fused_t: torch.Tensor) -> torch.Tensor:
-    """``(n, key_bits)`` bools: bit i is ``(q . F_i) > 0``, computed exactly (module docstring)."""
-    return (quantized @ fused_t) > 0
 
 
 def pack_bits(bits: torch.Tensor) -> list[int]:
@@ -192,7 +176,7 @@ class USHash:
         if embeddings.dim() != 2 or embeddings.shape[1] != fused_t.shape[0]:
             want, got = fused_t.shape[0], tuple(embeddings.shape)
             raise EmbeddingError(f"{modality} embeddings must have shape (n, {want}), got {got}")
-        if embeddings.dtype not in _ACCEPTED_DTYPES:
+        if embeddings.dtype not in ACCEPTED_DTYPES:
             raise EmbeddingError(f"embeddings must be float16, bfloat16 or float32, not {embeddings.dtype}")
         return fused_t
 
