@@ -12,9 +12,10 @@ PIP := $(PY) -m pip install -q --disable-pip-version-check
 # How long apt waits for a lock another apt/dpkg holds (unattended upgrades, another install), in s.
 APT_LOCK_TIMEOUT ?= 600
 APT_GET := $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=$(APT_LOCK_TIMEOUT)
-# What the demo needs (command -> Debian package), and what only the tests add (the dashboard test's browser).
+# What the demo needs (command -> Debian package), and what only the tests add (the dashboard test's browser,
+# kcat for the test that reads freshkey's topics with a standard Kafka tool).
 DEMO_PACKAGES := mariadbd:mariadb-server mariadb-install-db:mariadb-server redis-server:redis-server
-TEST_PACKAGES := $(DEMO_PACKAGES) chromium:chromium
+TEST_PACKAGES := $(DEMO_PACKAGES) chromium:chromium kcat:kcat
 say = echo "[$$(date +%T)] $(1)"
 
 .DEFAULT_GOAL := help
