@@ -427,6 +427,8 @@ def test_bench_command_writes_its_figures(tmp_path: Path) -> None:
         "128",
         "--prewarm-entries",
         "10",
+        "--redis-entries",
+        "2000",
         "--json",
         str(out),
     ]
@@ -435,6 +437,7 @@ def test_bench_command_writes_its_figures(tmp_path: Path) -> None:
     report = json.loads(out.read_text())
     assert [row["batch_size"] for row in report["throughput"]] == [1, 8]
     assert [(row["what"], row["entries"]) for row in report["cutover"]] == [("cutover", 300), ("prewarm", 10)]
+    assert report["redis_cutover"]["entries"] == 2000  # on a private redis-server, kept small here
     assert "keys/s" in result.output
     if not torch.cuda.is_available():
         failed = CliRunner().invoke(app, ["--device", "cuda"])
