@@ -7,8 +7,10 @@ count, a creation the broker forbids) raises :class:`ConfigurationError`.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec  # type: ignore[attr-defined]
@@ -17,6 +19,9 @@ from connectors.exceptions import ConfigurationError, ConnectorError, KafkaUnava
 from connectors.kafka.librdkafka import LIBRDKAFKA_LOGGER
 from connectors.kafka.security import SecurityErrors, librdkafka_config
 from connectors.settings import KafkaSettings
+
+_TRY_S = 1.0
+"""How long one metadata request of :func:`prepare_topics` may take before the next try."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +52,21 @@ def _unavailable(
     )
 
 
+def _list_topics(
+    settings: KafkaSettings, admin: AdminClient, errors: SecurityErrors, timeout_s: float
+) -> dict[str, Any]:
+    """The broker's topics, asked for in short tries until ``timeout_s``: a refused login or a certificate
+    that does not verify ends the wait at once (it was reported by the first try), a broker away does not."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        remaining = deadline - time.monotonic()
+        try:
+            return dict(admin.list_topics(timeout=max(0.1, min(_TRY_S, remaining))).topics)
+        except KafkaException as exc:
+            if errors.failure is not None or time.monotonic() >= deadline:
+                raise _unavailable(settings, exc, errors) from None
+
+
 def prepare_topics(
     settings: KafkaSettings, extra: Iterable[str] = (), *, timeout_s: float = 30.0
 ) -> TopicsReport:
@@ -57,10 +77,7 @@ def prepare_topics(
     """
     admin, errors = _admin(settings)
     wanted = [settings.change_topic, settings.dead_letter_topic, *extra]
-    try:
-        existing = admin.list_topics(timeout=timeout_s).topics
-    except KafkaException as exc:
-        raise _unavailable(settings, exc, errors) from None
+    existing = _list_topics(settings, admin, errors, timeout_s)
     missing = [t for t in wanted if t not in existing]
     created: list[str] = []
     if missing:
