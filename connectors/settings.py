@@ -326,7 +326,7 @@ class ConnectorSettings(BaseSettings):
         pattern=r"^[A-Za-z0-9_$]{1,64}\.[A-Za-z0-9_$]{1,64}$",
         description="db.table of the signalling table: snapshot requests, watermarks and progress "
         "(connectors/snapshot). Created when missing; the connector's account needs CREATE, SELECT, "
-        "INSERT, UPDATE and DELETE on it (freshkey doctor checks).",
+        "INSERT, UPDATE and DELETE on it (freshkey snapshot tries it first and names the missing GRANT).",
     )
     snapshot_chunk_rows: int = Field(
         1000,
