@@ -339,8 +339,9 @@ def test_slot_migration_under_load_loses_no_write(redis_cluster: RedisClusterSer
 
 def test_a_client_that_does_not_follow_ask_fails_the_same_check(redis_cluster: RedisClusterService) -> None:
     """The negative control: the same run, with a client that follows MOVED but takes ASK as a failure
-    (as cluster clients without ASK support do). Writes to keys that had already moved are lost, and
-    odd keys that moved early end below the highest version they were sent."""
+    (as cluster clients without ASK support do). Writes to keys that had already moved fail with ASK and
+    are lost, which the check reports; a key whose lost write was its last one also ends below its
+    highest version (whether one does depends on the timing of the migration, so it is not required)."""
 
     async def body(tier: RedisTier, client: aioredis.RedisCluster) -> tuple[LoadReport, Migration]:
         async def no_ask_apply(actions: list[CacheAction]) -> None:
@@ -363,7 +364,7 @@ def test_a_client_that_does_not_follow_ask_fails_the_same_check(redis_cluster: R
     report, migration = run(redis_cluster, body)
     problems = _check(report, migration)
     assert any(isinstance(exc, AskError) for exc in report.errors), report.errors[:3]
-    assert any("ends at" in problem for problem in problems), problems
+    assert any("batches failed" in problem for problem in problems), problems
 
 
 def test_redis_py_own_ask_handling_fails_where_run_pipeline_does_not(
