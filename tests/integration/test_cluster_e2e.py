@@ -339,6 +339,12 @@ def test_the_worker_on_a_redis_cluster_with_leases_l1_a_cutover_and_a_slot_migra
         time.sleep(WINDOW_MS / 1000)
         verification = p.run_verification(WINDOW_MS)
         stale_l1 = l1_stale(app.l1, p, active) + l1_stale(blocking.l1, p, active)
+        # Pub/Sub reaches the other nodes over the cluster bus, a little later than the node published
+        # on: give the last announcements time to arrive everywhere before comparing what each heard.
+        settle_from = time.monotonic()
+        while time.monotonic() - settle_from < 10.0 and len({len(log.snapshot()) for log in logs}) > 1:
+            time.sleep(0.1)
+        settled_s = time.monotonic() - settle_from
         for log in logs:
             log.stop()
         announced = [log.snapshot() for log in logs]
@@ -355,7 +361,8 @@ def test_the_worker_on_a_redis_cluster_with_leases_l1_a_cutover_and_a_slot_migra
             f" blocking app: L1 entries {len(blocking.l1)}, L1 hits after the cutover {blocking_hits};"
             f" stale in the L1s {len(stale_l1)};"
             f" listener on {app.listener_node}\n"
-            f"announcements per node: {[len(a) for a in announced]}; order violations {len(violations)};"
+            f"announcements per node: {[len(a) for a in announced]} (after {settled_s:.1f} s for the last to"
+            f" arrive); order violations {len(violations)};"
             f" worker events {stats.get('events')}; tiers {stats.get('tiers')}\n"
             f"verify on the cluster: rows {result.rows}, checked {result.checked}, stale {result.stale},"
             f" in flight {result.in_flight}, missing {result.missing};"
