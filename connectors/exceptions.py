@@ -145,3 +145,22 @@ def retry_cause(exc: BaseException) -> RetryCause | None:
         code = kafka_error_code(exc)
         return None if code in KAFKA_CONFIGURATION_CODES else "kafka"
     return None
+
+
+CAUSE_TEXT: dict[str, str] = {
+    "database": "database unavailable",
+    "kafka": "kafka unavailable",
+    "fence": "fence failed",
+    "gap": "binlog gap accepted",
+}
+"""How the retry line names each cause of a failed session."""
+
+
+def describe(exc: BaseException | None) -> str:
+    """An exception for a log line: our own errors by their message, others with their class."""
+    if exc is None:
+        return "(no exception)"
+    text = str(exc) or repr(exc)
+    if isinstance(exc, ConnectorError):
+        return text
+    return f"{type(exc).__name__}: {text}"

@@ -36,10 +36,11 @@ from connectors.checkpoint import (
 )
 from connectors.doctor import require_ready
 from connectors.exceptions import (
+    CAUSE_TEXT,
     BinlogGapError,
-    ConnectorError,
     RetriableError,
     RetriesExhaustedError,
+    describe,
     retry_cause,
 )
 from connectors.kafka.producer import ChangeProducer, MessageLimit
@@ -385,22 +386,3 @@ class ConnectorRun:
                     position.file,
                     position.pos,
                 )
-
-
-CAUSE_TEXT: dict[str, str] = {
-    "database": "database unavailable",
-    "kafka": "kafka unavailable",
-    "fence": "fence failed",
-    "gap": "binlog gap accepted",
-}
-"""How the retry line names each cause of a failed session."""
-
-
-def describe(exc: BaseException | None) -> str:
-    """An exception for a log line: our own errors by their message, others with their class."""
-    if exc is None:
-        return "(no exception)"
-    text = str(exc) or repr(exc)
-    if isinstance(exc, ConnectorError):
-        return text
-    return f"{type(exc).__name__}: {text}"

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from cache_writer import (
@@ -33,37 +32,13 @@ from pipeline.observe import BatchBuilder, Observers
 from pipeline.observe.stats import WorkerStats
 from pipeline.outages import OUTAGES
 from pipeline.plan import BindError, commit_time_us, plan
+from pipeline.prepared import Planned, Prepared, Reject, describe
 from schemas import Binding, Bindings, ChangeEvent, DdlEvent, DecodeError, decode
 from schemas.debezium import Skip
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True, slots=True)
-class Planned:
-    index: int
-    event: ChangeEvent
-    binding: Binding
-    actions: list[CacheAction]
-
-
-@dataclass(frozen=True, slots=True)
-class Reject:
-    """A message that cannot be processed: it goes to the dead-letter topic with ``stage`` and ``reason``."""
-
-    index: int
-    stage: str
-    reason: str
-
-
-@dataclass
-class Prepared:
-    planned: list[Planned]
-    rejects: list[Reject]
-    ddl: list[DdlEvent]
-    fences: dict[str, str]
-    """Namespaces to fence before the batch is applied, with the reason (oversized rows whose entry keys
-    cannot be computed without the row)."""
+__all__ = ["ChangeProcessor", "Decoder", "Planned", "Prepared", "Reject", "describe"]
 
 
 Decoder = Callable[[str, bytes | None, bytes | None], ChangeEvent | DdlEvent | Skip]
@@ -71,10 +46,6 @@ Decoder = Callable[[str, bytes | None, bytes | None], ChangeEvent | DdlEvent | S
 
 def _freshkey_decoder(topic: str, key: bytes | None, value: bytes | None) -> ChangeEvent | DdlEvent:
     return decode(value if value is not None else b"")
-
-
-def describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"[:1000]
 
 
 class ChangeProcessor:

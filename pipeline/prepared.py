@@ -1,0 +1,41 @@
+"""What preparing one batch of change messages yields (:class:`pipeline.processor.ChangeProcessor`): the
+planned cache actions, the messages rejected with their stage and reason (dead letters), the DDL and the
+namespaces to fence; and how an unexpected exception is worded in a dead letter."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cache_writer import CacheAction
+from schemas import Binding, ChangeEvent, DdlEvent
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    index: int
+    event: ChangeEvent
+    binding: Binding
+    actions: list[CacheAction]
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """A message that cannot be processed: it goes to the dead-letter topic with ``stage`` and ``reason``."""
+
+    index: int
+    stage: str
+    reason: str
+
+
+@dataclass
+class Prepared:
+    planned: list[Planned]
+    rejects: list[Reject]
+    ddl: list[DdlEvent]
+    fences: dict[str, str]
+    """Namespaces to fence before the batch is applied, with the reason (oversized rows whose entry keys
+    cannot be computed without the row)."""
+
+
+def describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:1000]
