@@ -9,11 +9,13 @@ every key. The run:
 1. connector and worker on the cluster; model 1 published and active; 40 rows inserted and cached;
 2. the application starts (its own thread and event loop): one ``RedisCluster`` client for
    ``CacheClient`` (reads through L1 and L2, a lease on a miss, a fill from the database, hit counts for
-   the prewarm) and another for ``InvalidationListener``, whose Pub/Sub connection goes to the node that
-   owns the channel's slot. A blocking application reads too: ``SyncCacheClient`` and
-   ``ThreadedInvalidationListener`` on blocking ``RedisCluster`` clients, with their own L1. One
-   subscriber per node (plain clients) logs the broadcast as well: Redis Cluster forwards every PUBLISH
-   to every node, so each node's log must hold every announcement;
+   the prewarm) and another for ``InvalidationListener``, subscribed on every primary. A blocking
+   application reads too: ``SyncCacheClient`` and ``ThreadedInvalidationListener`` on blocking
+   ``RedisCluster`` clients, with their own L1. One subscriber per node (plain clients) logs the
+   broadcast as well. Redis Cluster forwards every PUBLISH to every node over the cluster bus, which
+   drops what a link held when a node stalls (``test_cluster_pubsub_loss.py``): how many announcements
+   each node's log is short of all of them is printed, not asserted; the L1s, whose listeners hear every
+   primary, must hold nothing stale;
 3. the writer changes rows at ``RATE`` a second from now to the end; the readers read random rows;
 4. the namespace's slot (entries, tombstones, the signature hash) migrates to another master under
    that load, in small batches, as ``redis-cli --cluster reshard`` does: the worker and the readers
@@ -22,8 +24,8 @@ every key. The run:
    cutover prewarms the hot rows and switches the signature, announced on the channel: the L1 drops
    every model-1 entry (both applications), and no model-1 key is served from then on;
 6. the writer stops, the pipeline catches up: ``run_verification`` (SLA window) on the cluster finds
-   0 stale entries, the L1 holds nothing L2 does not (0 stale in L1), every announcement reached every
-   node, and no key's announced version went backwards.
+   0 stale entries, the L1 holds nothing L2 does not (0 stale in L1), and in no node's log did a key's
+   announced version go backwards.
 
 The slot migration's negative control is ``test_redis_cluster.py``'s (a client that does not follow ASK
 loses writes); the lease's is ``freshkey demo --race --no-leases`` and ``test_client_leases.py``.
@@ -89,7 +91,7 @@ class ClusterApp:
         self.counts: Counter[str] = Counter()
         """The readers' own counts; :attr:`cache_counts` has the client's (hits per tier, fills)."""
         self.cache_counts: Counter[str] = Counter()
-        self.listener_node = ""
+        self.listener_nodes: list[str] = []
         self.errors: list[str] = []
         self._reading = threading.Event()
         self._stop = threading.Event()
@@ -130,11 +132,10 @@ class ClusterApp:
         assert isinstance(listener_client, aioredis.RedisCluster)
         await listener_client.initialize()
         channel = invalidation_channel(self.p.prefix)
-        owner = listener_client.get_node_from_key(channel)
-        self.listener_node = owner.name if owner is not None else "?"
         listener = InvalidationListener(listener_client, channel, [self.l1])
         listener.start()
         await asyncio.wait_for(listener.subscribed.wait(), 10)
+        self.listener_nodes = sorted(listener.primaries)
         cache = CacheClient(client, prefix=self.p.prefix, l1=self.l1, hits=HitRecorder(self.p.prefix))
         self.cache_counts = cache.counts
         try:
@@ -342,13 +343,15 @@ def test_the_worker_on_a_redis_cluster_with_leases_l1_a_cutover_and_a_slot_migra
         # Pub/Sub reaches the other nodes over the cluster bus, a little later than the node published
         # on: give the last announcements time to arrive everywhere before comparing what each heard.
         settle_from = time.monotonic()
-        while time.monotonic() - settle_from < 10.0 and len({len(log.snapshot()) for log in logs}) > 1:
+        while time.monotonic() - settle_from < 3.0 and len({len(log.snapshot()) for log in logs}) > 1:
             time.sleep(0.1)
         settled_s = time.monotonic() - settle_from
         for log in logs:
             log.stop()
         announced = [log.snapshot() for log in logs]
-        violations = order_violations(announced[0])
+        violations = [v for node in announced for v in order_violations(node)]
+        everything = {(a.kind, a.version, a.key) for node in announced for a in node}
+        short = [len(everything - {(a.kind, a.version, a.key) for a in node}) for node in announced]
         stats = p.stats() or {}
         result = verification.reports[0]
         print(
@@ -360,9 +363,9 @@ def test_the_worker_on_a_redis_cluster_with_leases_l1_a_cutover_and_a_slot_migra
             f"application: {dict(app.counts)}, client {dict(app.cache_counts)}; L1 entries {len(app.l1)},"
             f" blocking app: L1 entries {len(blocking.l1)}, L1 hits after the cutover {blocking_hits};"
             f" stale in the L1s {len(stale_l1)};"
-            f" listener on {app.listener_node}\n"
-            f"announcements per node: {[len(a) for a in announced]} (after {settled_s:.1f} s for the last to"
-            f" arrive); order violations {len(violations)};"
+            f" listener subscribed on {app.listener_nodes}\n"
+            f"announcements per node: {[len(a) for a in announced]}, short of all {len(everything)}:"
+            f" {short} (after {settled_s:.1f} s for the last to arrive); order violations {len(violations)};"
             f" worker events {stats.get('events')}; tiers {stats.get('tiers')}\n"
             f"verify on the cluster: rows {result.rows}, checked {result.checked}, stale {result.stale},"
             f" in flight {result.in_flight}, missing {result.missing};"
@@ -373,8 +376,6 @@ def test_the_worker_on_a_redis_cluster_with_leases_l1_a_cutover_and_a_slot_migra
         assert result.checked > 0
         assert not stale_l1, stale_l1[:5]
         assert all(log.disconnects == 0 for log in logs)
-        heard = [sorted((a.kind, a.version, a.key) for a in node) for node in announced]
-        assert all(h == heard[0] for h in heard), "a node missed announcements"
         assert not violations, violations[:5]
         assert app.cache_counts["hits_l2"] > 0 and app.cache_counts["hits_l1"] > 0
         assert report["prewarm"]["written"] > 0, "no hot row was prewarmed under model 2"

@@ -1,0 +1,75 @@
+"""The L1 listener's pure parts: which cluster nodes publish, and one subscription generation."""
+
+from __future__ import annotations
+
+from cache_writer.l1 import L1Cache
+from cache_writer.l1.listener import _Subscription, cluster_primaries
+
+SIGNATURE = "a sig-2 fk:{items}:"
+
+
+def node(flags: str, slots: list[list[str]] | None = None) -> dict[str, object]:
+    return {"flags": flags, "slots": slots or [], "connected": True}
+
+
+def test_the_primaries_are_the_masters_that_serve_slots() -> None:
+    nodes = {
+        "h:1": node("myself,master", [["0", "5460"]]),
+        "h:2": node("master,fail?", [["5461", "10921"]]),  # only suspected: its subscription decides
+        "h:3": node("master", [["10922", "16383"]]),
+        "h:4": node("master"),  # joined, no slots yet: runs no script, publishes nothing
+        "h:5": node("slave"),
+        "h:6": node("master,fail", [["1", "2"]]),
+        "h:7": node("master,handshake", [["3", "4"]]),
+        "h:8": node("master,noaddr", [["5", "6"]]),
+    }
+    assert cluster_primaries(nodes) == {"h:1", "h:2", "h:3"}
+
+
+def _l1() -> L1Cache:
+    return L1Cache(max_entries=100, max_bytes=100_000)
+
+
+def subscribed(index: int) -> dict[str, object]:
+    return {"type": "subscribe", "channel": b"fk:invalidations", "data": 1}
+
+
+def message(data: str) -> dict[str, object]:
+    return {"type": "message", "channel": b"fk:invalidations", "data": data.encode()}
+
+
+def test_the_caches_serve_only_once_every_primary_confirmed() -> None:
+    l1 = _l1()
+    generation = _Subscription([l1], expected=3)
+    assert not generation.on_message(0, subscribed(0))
+    assert not generation.on_message(0, subscribed(0))  # the same one again does not count twice
+    assert not generation.on_message(2, subscribed(2))
+    assert not l1.healthy
+    assert generation.on_message(1, subscribed(1))
+    assert l1.healthy
+
+
+def test_an_announcement_heard_twice_is_harmless() -> None:
+    l1 = _l1()
+    generation = _Subscription([l1], expected=2)
+    generation.on_message(0, subscribed(0))
+    generation.on_message(1, subscribed(1))
+    assert l1.put("fk:{items}:1", 5, b"{}")
+    generation.on_message(0, message("w 7 fk:{items}:1"))
+    generation.on_message(1, message("w 7 fk:{items}:1"))
+    assert l1.get("fk:{items}:1") is None
+    assert not l1.put("fk:{items}:1", 6, b"{}"), "the floor stays at 7"
+    assert l1.put("fk:{items}:1", 7, b"{}")
+
+
+def test_a_late_copy_of_an_older_switch_does_not_bring_its_signature_back() -> None:
+    """Cutover 1 then 2, heard directly from the node that switched; then the bus copy of 1 arrives."""
+    l1 = _l1()
+    generation = _Subscription([l1], expected=2)
+    generation.on_message(0, subscribed(0))
+    generation.on_message(1, subscribed(1))
+    generation.on_message(0, message("a sig-1 fk:{items}:"))
+    generation.on_message(0, message(SIGNATURE))
+    generation.on_message(1, message("a sig-1 fk:{items}:"))  # late, through another primary
+    assert l1.put("fk:{items}:1", 1, b"{}", signature="sig-2"), "entries of the active signature come in"
+    assert not l1.put("fk:{items}:2", 1, b"{}", signature="sig-1"), "the old signature stays refused"
