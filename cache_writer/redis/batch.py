@@ -21,7 +21,21 @@ from typing import Any
 
 import orjson
 from redis.crc import key_slot
-from redis.exceptions import NoScriptError, RedisError, ResponseError, TryAgainError
+from redis.exceptions import (
+    AskError,
+    AuthenticationError,
+    BusyLoadingError,
+    ClusterDownError,
+    MasterDownError,
+    MovedError,
+    NoPermissionError,
+    NoScriptError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    RedisError,
+    ResponseError,
+    TryAgainError,
+)
 
 from cache_writer.exceptions import TierUnavailableError
 from cache_writer.layout import signature_key_of
@@ -242,10 +256,35 @@ TRANSIENT_ERROR_PREFIXES = (
 settled, credentials): the whole batch is retried. Any other error reply concerns one action."""
 
 
+TRANSIENT_ERROR_CLASSES = (
+    TryAgainError,
+    ClusterDownError,
+    MovedError,
+    AskError,
+    BusyLoadingError,
+    ReadOnlyError,
+    OutOfMemoryError,
+    AuthenticationError,
+    NoPermissionError,
+    MasterDownError,
+)
+"""The classes redis-py raises for the codes of TRANSIENT_ERROR_PREFIXES (its parser strips the code)."""
+
+
 def is_transient(reply: Exception) -> bool:
-    """An error reply of one command that a retry of the batch may cure (see TRANSIENT_ERROR_PREFIXES)."""
+    """An error reply of one command that a retry of the batch may cure (see TRANSIENT_ERROR_PREFIXES).
+
+    redis-py turns most of those codes into exception classes and strips the code from the message
+    (``TRYAGAIN Multiple keys request during rehashing of slot`` -> ``TryAgainError("Multiple keys ...")``),
+    so the code it keeps (``status_code``) is read first; the message is for errors raised inside a
+    script and answered as text by the batch script."""
     if isinstance(reply, NoScriptError) or not isinstance(reply, RedisError):
         return True  # scripts still missing after a reload, or not an error reply at all
+    code = getattr(reply, "status_code", None)
+    if isinstance(code, str) and code.startswith(TRANSIENT_ERROR_PREFIXES):
+        return True
+    if isinstance(reply, TRANSIENT_ERROR_CLASSES):
+        return True
     text = str(reply).lstrip()
     return text.startswith(TRANSIENT_ERROR_PREFIXES) or "Redis is loading" in text
 

@@ -377,6 +377,8 @@ def test_the_worker_on_a_redis_cluster_with_leases_l1_a_cutover_and_a_slot_migra
         assert not stale_l1, stale_l1[:5]
         assert all(log.disconnects == 0 for log in logs)
         assert not violations, violations[:5]
+        # TRYAGAIN during the migration is a wait, not a refusal (it once dead-lettered a change here)
+        assert "dead_lettered" not in (stats.get("events") or {}), stats.get("events")
         assert app.cache_counts["hits_l2"] > 0 and app.cache_counts["hits_l1"] > 0
         assert report["prewarm"]["written"] > 0, "no hot row was prewarmed under model 2"
         assert blocking.listener.subscribed.is_set() and blocking_hits > 0
