@@ -30,7 +30,15 @@ class WorkerSettings(BaseSettings):
         description="Longest extra wait for a batch to fill once changes are waiting (0: a batch is what "
         "the last fetches brought; waiting trades lag for fewer, fuller batches).",
     )
-    session_timeout_s: float = Field(10.0, gt=0)
+    session_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="Consumer group session: a worker that sends no heartbeat for this long is dropped "
+        "from the group (heartbeats come from Faust's consumer thread, not from the loop that applies "
+        "batches). Apache Kafka refuses less than its group.min.session.timeout.ms (6 s by default). The "
+        "embedded Tansu broker holds the first join of a group for half of it, in whole seconds: 10 s -> "
+        "5 s at every worker start, 2 s -> 1 s.",
+    )
     commit_interval_s: float = Field(1.0, gt=0)
     fetch_max_wait_ms: int = Field(
         10, ge=1, le=30_000, description="Longest a Kafka fetch waits for data (latency vs idle requests)."
