@@ -185,6 +185,13 @@ class KafkaSettings(BaseSettings):
         description="With FRESHKEY_WORKER_INPUT=debezium: the Debezium topics, as comma-separated names, a "
         "JSON list, or regex:<pattern>.",
     )
+    debezium_topic_check_s: float = Field(
+        10.0,
+        ge=0,
+        description="With FRESHKEY_KAFKA_DEBEZIUM_TOPICS=regex:...: seconds between looks for new topics "
+        "that match (a table Debezium starts capturing after the worker started); when one appears, the "
+        "worker exits with status 70 so that its supervisor starts it again subscribed to it. 0: never.",
+    )
     partitions: int = Field(4, ge=1, le=10_000)
     replication_factor: int = Field(1, ge=1)
     max_message_bytes: int = Field(

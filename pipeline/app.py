@@ -23,7 +23,7 @@ from connectors.database import column_types, primary_key, table_columns
 from connectors.kafka.security import aiokafka_options, librdkafka_config
 from connectors.kafka.topics import topic_names
 from connectors.settings import KafkaSettings, MySQLSettings
-from pipeline.agents import changes, hotness, models, sla
+from pipeline.agents import changes, debezium_topics, hotness, models, sla
 from pipeline.config import AllSettings, SettingsError, debezium_options
 from pipeline.context import SignatureLog, Worker
 from pipeline.cutover import Cutovers
@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 def debezium_topic_names(options: DebeziumOptions, kafka: KafkaSettings) -> list[str]:
     """The Debezium topics the worker subscribes to: the names given, or the topics matching the pattern
     now (faust-streaming's Kafka driver cannot subscribe to a pattern: a topic created later, for a table
-    added later, is read after the worker's next start)."""
+    added later, makes the worker restart to read it: ``pipeline.agents.debezium_topics``)."""
     if options.topics.pattern is None:
         return list(options.topics.names)
     names = [t for t in topic_names(kafka) if options.topics.matches(t)]
@@ -247,6 +247,7 @@ def create_app(settings: AllSettings, bindings: Bindings) -> Worker:
     models.install(w)
     hotness.install(w)
     sla.install(w)
+    debezium_topics.install(w)
     install_api(w)
     install_dashboard(app, processor, progress=progress)
     return w

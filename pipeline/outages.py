@@ -61,3 +61,11 @@ def crash(what: str, exc: BaseException) -> NoReturn:
     )  # fmt: skip
     logging.shutdown()
     os._exit(70)
+
+
+def restart(reason: str) -> NoReturn:
+    """End the process with status 70 for ``reason`` (a change it cannot make while running): its
+    supervisor starts it again, and nothing unacknowledged is lost."""
+    log.critical("%s: the worker exits with status 70 so that its supervisor starts it again", reason)
+    logging.shutdown()
+    os._exit(70)
