@@ -94,6 +94,7 @@ class SecondWorker:
             "FRESHKEY_WORKER_APP_ID": f"{p.env['FRESHKEY_WORKER_APP_ID']}-{name}",
             "FRESHKEY_WORKER_DATA_DIR": str(workdir / f"worker-{name}"),
             "FRESHKEY_WORKER_WEB_PORT": str(self.port),
+            "FRESHKEY_TELEMETRY_PROMETHEUS_PORT": str(free_port()),
             **extra_env,
         }
         create_topics(p.kafka, {self.topic: 3})

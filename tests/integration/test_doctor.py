@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.embedded import free_port
 from tests.support.services import MySQLService
 
 pytestmark = pytest.mark.integration
@@ -28,6 +29,7 @@ def _env(mysql: MySQLService, user: str, password: str, tmp_path: Path) -> dict[
         "FRESHKEY_BINDINGS": str(bindings),
         "FRESHKEY_CONNECTOR_CHECKPOINT_PATH": str(tmp_path / "checkpoint.json"),
         "FRESHKEY_KAFKA_BOOTSTRAP": "127.0.0.1:1",
+        "FRESHKEY_TELEMETRY_CONNECTOR_PROMETHEUS_PORT": str(free_port()),  # not the default 9465
         "COLUMNS": "200",
     }
 

@@ -227,6 +227,7 @@ def test_the_worker_stops_on_a_wrong_password(brokers: _Brokers, tmp_path: Path)
         "FRESHKEY_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
         "FRESHKEY_BINDINGS": str(bindings),
         "FRESHKEY_WORKER_DATA_DIR": str(tmp_path / "worker"),
+        "FRESHKEY_TELEMETRY_PROMETHEUS_PORT": str(free_port()),  # not the default 9464
     }
     done = subprocess.run(
         [sys.executable, "-m", "pipeline", "worker"], env=env, capture_output=True, text=True, timeout=120

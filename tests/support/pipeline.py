@@ -6,6 +6,8 @@ tests never see each other's data, against private or external services alike.
 Several workers of one pipeline run as one consumer group: ``start("worker")`` is the first, and any
 other name that starts with ``worker`` (``worker-2``, ``worker-3``...) is one more process of the same
 app id with its own web port, data directory and metrics port (``web_ports[name]``, ``stats(name)``).
+Every process gets free ports for its metrics (``FRESHKEY_TELEMETRY_*PROMETHEUS_PORT`` in ``env``), never
+the defaults a user's processes take.
 With ``redis_cluster=True`` the Redis URL is a seed of a Redis Cluster: the processes get
 ``FRESHKEY_REDIS_CLUSTER=true`` and the harness reads the cache through cluster clients.
 """
@@ -110,6 +112,10 @@ class Pipeline:
             "FRESHKEY_WORKER_DATA_DIR": str(workdir / "worker"),
             "FRESHKEY_WORKER_WEB_PORT": str(self.web_port),
             "FRESHKEY_WORKER_SESSION_TIMEOUT_S": "6",
+            # Metrics on free ports, not the defaults (9464, 9465): tests can run side by side, and a
+            # process left over elsewhere cannot take a test's metrics port.
+            "FRESHKEY_TELEMETRY_PROMETHEUS_PORT": str(free_port()),
+            "FRESHKEY_TELEMETRY_CONNECTOR_PROMETHEUS_PORT": str(free_port()),
         }
         if redis_cluster:
             self.env["FRESHKEY_REDIS_CLUSTER"] = "true"
