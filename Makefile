@@ -13,9 +13,10 @@ PIP := $(PY) -m pip install -q --disable-pip-version-check
 APT_LOCK_TIMEOUT ?= 600
 APT_GET := $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=$(APT_LOCK_TIMEOUT)
 # What the demo needs (command -> Debian package), and what only the tests add (the dashboard test's browser,
-# kcat for the test that reads freshkey's topics with a standard Kafka tool).
+# kcat for the test that reads freshkey's topics with a standard Kafka tool, sysbench for the test of
+# `freshkey bench sysbench`).
 DEMO_PACKAGES := mariadbd:mariadb-server mariadb-install-db:mariadb-server redis-server:redis-server
-TEST_PACKAGES := $(DEMO_PACKAGES) chromium:chromium kcat:kcat
+TEST_PACKAGES := $(DEMO_PACKAGES) chromium:chromium kcat:kcat sysbench:sysbench
 say = echo "[$$(date +%T)] $(1)"
 
 .DEFAULT_GOAL := help
@@ -54,7 +55,7 @@ endef
 system-packages: ## Install what the demo needs when missing: MariaDB, Redis (Debian/Ubuntu)
 	$(call apt_install,$(DEMO_PACKAGES))
 
-system-packages-test: ## ... and Chromium for the dashboard's browser tests
+system-packages-test: ## ... and Chromium, kcat and sysbench for the tests
 	$(call apt_install,$(TEST_PACKAGES))
 
 $(STAMP): pyproject.toml
@@ -98,6 +99,11 @@ bench: setup ## Benchmarks: print figures (not timed tests); the JSON goes to ar
 	@mkdir -p artifacts
 	$(VENV)/bin/freshkey bench keys --json artifacts/bench-keys.json
 	$(VENV)/bin/freshkey bench pipeline --json artifacts/bench-pipeline.json
+	@if command -v sysbench >/dev/null; then \
+		$(VENV)/bin/freshkey bench sysbench --json artifacts/bench-sysbench.json; \
+	else \
+		echo "skipping freshkey bench sysbench: sysbench is not installed (apt-get install -y sysbench)"; \
+	fi
 
 clean: ## Remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache artifacts

@@ -1,10 +1,12 @@
-"""``freshkey bench``: figures, not tests. Two commands:
+"""``freshkey bench``: figures, not tests. Three commands:
 
 - ``freshkey bench keys``: semantic-key throughput by batch size, the keying of a whole-namespace
   cutover, and a real cutover on Redis (below);
 - ``freshkey bench pipeline``: the whole pipeline against its ceilings on the embedded stack (raw
   binlog decode, raw Redis CAS, connector alone, worker alone, end to end, 2 workers, fixed rates);
-  see :mod:`pipeline.bench.pipeline`.
+  see :mod:`pipeline.bench.pipeline`;
+- ``freshkey bench sysbench``: sysbench ``oltp_write_only`` unthrottled while freshkey follows it, how
+  far behind it ends and whether anything is stale; see :mod:`pipeline.bench.sysbench`.
 
 ``freshkey bench keys``: each throughput figure is the median of ``--repeats`` timed runs; the cutover
 figure is one run that really computes ``--cutover-entries`` keys in batches (no extrapolation), with
@@ -40,7 +42,7 @@ console = Console()
 
 bench_app = typer.Typer(
     name="bench",
-    help="Benchmarks that print figures (not timed tests): `keys` and `pipeline`.",
+    help="Benchmarks that print figures (not timed tests): `keys`, `pipeline` and `sysbench`.",
     no_args_is_help=True,
     add_completion=False,
 )
@@ -253,6 +255,63 @@ def pipeline_bench(
     report["summary"] = summarize(report)
     report["notes"] = list(NOTES)
     render(report, report["summary"], console)
+    console.print(f"finished in {report['seconds']:,.0f} s")
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
+        console.print(f"figures written to {escape(str(json_path))}")
+
+
+@bench_app.command("sysbench")
+def sysbench_bench(
+    time_s: Annotated[int, typer.Option("--time", min=1, help="Seconds sysbench runs, unthrottled.")] = 60,
+    threads: Annotated[int, typer.Option("--threads", min=1, help="sysbench threads.")] = 4,
+    tables: Annotated[int, typer.Option("--tables", min=1, help="sbtest tables.")] = 4,
+    table_size: Annotated[int, typer.Option("--table-size", min=1, help="Rows per sbtest table.")] = 10_000,
+    partitions: Annotated[int, typer.Option("--partitions", min=1, help="Partitions of the topic.")] = 4,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Also write every figure here.")] = None,
+    workdir: Annotated[
+        Path | None,
+        typer.Option("--workdir", help="Keep the services' data and the processes' logs here."),
+    ] = None,
+    timeout_s: Annotated[
+        float, typer.Option("--timeout", min=1, help="Longest wait for any one step, seconds.")
+    ] = 600.0,
+) -> None:
+    """sysbench oltp_write_only, unthrottled, against the private MariaDB while a connector and a worker
+    follow it: tps, row changes/s, how far behind freshkey is when sysbench ends and how long until it
+    caught up, lag percentiles, CPU per process, then freshkey verify. Needs sysbench (Debian: apt-get
+    install sysbench); see :mod:`pipeline.bench.sysbench`."""
+    import signal
+    from types import FrameType
+
+    import orjson
+
+    from pipeline.bench.config import BenchError
+    from pipeline.bench.sysbench import SysbenchBench, SysbenchConfig, render
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    config = SysbenchConfig(
+        time_s=time_s,
+        threads=threads,
+        tables=tables,
+        table_size=table_size,
+        partitions=partitions,
+        timeout_s=timeout_s,
+    )
+    signal.signal(signal.SIGINT, interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
+    try:
+        report = SysbenchBench(config, _RichProgress(), workdir=workdir).run()
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/yellow]: everything the bench started has been stopped.")
+        raise typer.Exit(130) from None
+    except BenchError as exc:
+        console.print(f"[red]bench failed[/red]: {escape(str(exc))}")
+        raise typer.Exit(1) from None
+    render(report, console)
     console.print(f"finished in {report['seconds']:,.0f} s")
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
