@@ -27,7 +27,7 @@ up and the verifier runs again, so that the failure says whether the entries wer
 
 During each L3 outage a probe row changes every ``PROBE_EVERY_S``; how long L2 took to serve each change
 (the age of the oldest value L2 served meanwhile) is measured and printed, not asserted (the tier fence
-test asserts its bound on a 10 s outage).
+test asserts its bound on a 6 s outage).
 
 Accounting. After each verification the writer pauses, the sentinels are written again, and once the
 worker's counters and the group's committed offsets stop moving the test takes a snapshot. Between two
