@@ -27,7 +27,10 @@ with a ROW binlog, a private Redis, the Tansu broker) and with its connector and
    Redis: one sysbench never changed after freshkey started, since prepare's rows came before it).
 
 CPU seconds per process (:class:`pipeline.bench.procs.Sampler`) are taken over the run and over the
-catch-up separately; sysbench's own from its resource usage when it exits.
+catch-up separately; sysbench's own from its resource usage when it exits. The connector, the broker,
+the worker and Redis each handle every change, so their CPU over both, per change, times sysbench's rate
+of changes says how many cores each needs to keep up (``cpu_us_per_change``): on a 2-core machine shared
+with sysbench and MariaDB, that tells whether a process is slow or only starved.
 """
 
 from __future__ import annotations
@@ -517,6 +520,7 @@ def _figures(
         "lag_ms": {ns: lag[ns] for ns in sorted(lag) if ns.startswith("sbtest")},
         "stages_ms": stats.get("stages_ms", {}),
         "processes": {"run": run["processes"], "catch_up": catch_up["processes"]},
+        "cpu_us_per_change": _cpu_per_change(run["processes"], catch_up["processes"], changes),
         "background_cores": {"run": run["background_cores"], "catch_up": catch_up["background_cores"]},
         "verify": {
             "exit_code": verification["exit_code"],
@@ -529,6 +533,20 @@ def _figures(
             "nines_text": verification.get("nines_text"),
         },
         "samples": samples,
+    }
+
+
+def _cpu_per_change(
+    run: dict[str, dict[str, float]], catch_up: dict[str, dict[str, float]], changes: int
+) -> dict[str, float]:
+    """CPU µs per row change of the processes that handle every change (over the run and the catch-up
+    together): what following sysbench's rate costs each, whatever the machine left it."""
+    return {
+        name: round(
+            (run[name]["cpu_s"] + catch_up.get(name, {}).get("cpu_s", 0.0)) / max(1, changes) * 1e6, 1
+        )
+        for name in ("connector", "kafka", "worker", "redis")
+        if name in run
     }
 
 
@@ -614,15 +632,20 @@ def render(report: dict[str, Any], console: Any) -> None:
     for name, value in rows:
         table.add_row(name, value)
     console.print(table)
-    cpu = Table(title="CPU seconds per process")
+    cpu = Table(title="CPU per process (µs per change: run and catch-up together; cores at sysbench's rate)")
     cpu.add_column("process")
-    cpu.add_column("during the run", justify="right")
-    cpu.add_column("catch-up", justify="right")
-    processes = report["processes"]
+    cpu.add_column("s during the run", justify="right")
+    cpu.add_column("s catch-up", justify="right")
+    cpu.add_column("µs per change", justify="right")
+    cpu.add_column("cores at sysbench's rate", justify="right")
+    processes, per_change = report["processes"], report["cpu_us_per_change"]
     for name in dict.fromkeys([*processes["run"], *processes["catch_up"]]):
+        us = per_change.get(name)
         cpu.add_row(
             name,
             num(processes["run"].get(name, {}).get("cpu_s"), ".2f"),
             num(processes["catch_up"].get(name, {}).get("cpu_s"), ".2f"),
+            num(us, ",.1f"),
+            num(None if us is None else us * report["row_changes_per_s"] / 1e6, ".2f"),
         )
     console.print(cpu)

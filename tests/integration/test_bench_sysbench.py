@@ -75,6 +75,8 @@ def test_bench_sysbench_reports_how_far_behind_freshkey_ends_and_nothing_stale(t
     assert report["processes"]["run"]["connector"]["cpu_s"] > 0
     assert report["processes"]["run"]["mariadb"]["cpu_s"] > 0
     assert len(report["samples"]) >= 2
+    assert set(report["cpu_us_per_change"]) == {"connector", "kafka", "worker", "redis"}
+    assert report["cpu_us_per_change"]["connector"] > 0 and report["cpu_us_per_change"]["worker"] > 0
 
     verify = report["verify"]
     assert verify["exit_code"] == 0 and verify["unverifiable"] == []
