@@ -252,6 +252,17 @@ def test_a_heartbeat_row_through_a_live_pipeline_is_never_stale_until_the_worker
         finally:
             await client.aclose()
 
+    async def verify_staggered(runs: int, every_s: float) -> list[Verification]:
+        """``runs`` verifications, one starting every ``every_s``: each looks at the pipeline at its own
+        moment and then waits its window for its suspects while the next ones look (about
+        ``runs * every_s`` plus one window in all, where one after the other takes ``runs`` windows)."""
+
+        async def one(n: int) -> Verification:
+            await asyncio.sleep(n * every_s)
+            return await verify_once()
+
+        return list(await asyncio.gather(*(one(n) for n in range(runs))))
+
     beating = threading.Thread(target=heartbeat, daemon=True)
     beating.start()
     try:
@@ -261,7 +272,7 @@ def test_a_heartbeat_row_through_a_live_pipeline_is_never_stale_until_the_worker
             30,
             "the heartbeat through the pipeline",
         )
-        runs = [asyncio.run(verify_once()) for _ in range(10)]
+        runs = asyncio.run(verify_staggered(10, 0.3))
         stale = [r.to_json()["reports"][0]["examples"] for r in runs if r.stale]
         assert not stale, f"{len(stale)} of 10 runs said stale on a healthy pipeline: {stale}"
         assert sum(r.in_flight for r in runs) > 0, "the heartbeat was caught in flight (the test can tell)"
