@@ -95,12 +95,17 @@ def commit_time_us(binding: Binding, event: ChangeEvent) -> tuple[int, bool]:
     holds the time of the previous change), so a delete falls back to the binlog timestamp.
     """
     if binding.commit_time_column is None or event.after is None:
-        return event.commit_ts_us, event.commit_ts_coarse
+        return event.commit_ts_us, commit_time_coarse(binding, event)
     value = _column(event.after, binding.commit_time_column, "commit time", event)
     try:
         return datetime_to_us(dt.datetime.fromisoformat(value)), False
     except (TypeError, ValueError):
         raise BindError(f"commit time column holds {value!r}, not a DATETIME") from None
+
+
+def commit_time_coarse(binding: Binding, event: ChangeEvent) -> bool:
+    """Whether :func:`commit_time_us` of this change is coarse, without reading the commit time again."""
+    return (binding.commit_time_column is None or event.after is None) and event.commit_ts_coarse
 
 
 KeyOf = Callable[[Mapping[str, Any]], str | None]

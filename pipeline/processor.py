@@ -31,7 +31,7 @@ from pipeline.models import (
 from pipeline.observe import BatchBuilder, Observers
 from pipeline.observe.stats import WorkerStats
 from pipeline.outages import OUTAGES
-from pipeline.plan import BindError, commit_time_us, plan
+from pipeline.plan import BindError, commit_time_coarse, plan
 from pipeline.prepared import Planned, Prepared, Reject, describe
 from schemas import Binding, Bindings, ChangeEvent, DdlEvent, DecodeError, decode
 from schemas.debezium import Skip
@@ -312,7 +312,9 @@ class ChangeProcessor:
                 accounted = "change_applied"
             else:
                 accounted = "change_not_newer"
-            commit_us, coarse = commit_time_us(p.binding, p.event)
+            # Every action of a change carries its commit time (plan, _plan_oversize): not parsed again.
+            commit_us = p.actions[0].commit_ts_us
+            coarse = commit_time_coarse(p.binding, p.event)
             batch.change(
                 p.binding.namespace, p.event.op, accounted, p.event.ts_ms, commit_us / 1000, coarse=coarse
             )

@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from cache_writer import CacheAction, entry_key
-from pipeline.plan import BindError, commit_time_us, event_version, plan
+from pipeline.plan import BindError, commit_time_coarse, commit_time_us, event_version, plan
 from schemas import Binding, ChangeEvent
 
 PREFIX = "fk"
@@ -178,6 +178,21 @@ def test_commit_time_of_delete_is_coarse_binlog_time() -> None:
 
 def test_commit_time_without_column_is_the_event_commit_time() -> None:
     assert commit_time_us(binding(), event("c", after=ROW)) == (BINLOG_COMMIT_US, True)
+
+
+@pytest.mark.parametrize("column", [None, "updated_at"])
+@pytest.mark.parametrize("op", ["c", "u", "d"])
+@pytest.mark.parametrize("coarse", [True, False])
+def test_commit_time_coarse_agrees_with_commit_time_us(column: str | None, op: str, coarse: bool) -> None:
+    """The processor reports a change's commit time from its actions and this flag (no second parse):
+    the flag is the one commit_time_us gives, and every action carries that commit time."""
+    b = binding(commit_time_column=column)
+    before = ROW if op in ("u", "d") else None
+    after = ROW if op in ("c", "u") else None
+    ev = event(op, before=before, after=after).model_copy(update={"commit_ts_coarse": coarse})
+    commit_us, expected = commit_time_us(b, ev)
+    assert commit_time_coarse(b, ev) is expected
+    assert {a.commit_ts_us for a in plan(b, ev, prefix=PREFIX)} == {commit_us}
 
 
 def test_commit_time_column_aware_datetime() -> None:

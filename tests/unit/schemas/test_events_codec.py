@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 from typing import Any
+from urllib.parse import quote
 
 import orjson
 import pytest
@@ -298,6 +299,30 @@ def test_row_key_percent_encodes_separator_and_percent() -> None:
     assert row_key(["%2F"]) == "%252F"
     assert row_key([1, "x y", "\u00e9"]) == "1/x%20y/%C3%A9"
     assert row_key(["a", "b"]) != row_key(["a/b"])
+
+
+_KEY_VALUES = st.one_of(
+    st.integers(min_value=-(2**80), max_value=2**80),
+    st.text(max_size=12),
+    st.text(alphabet="AZaz09_.~-/% \n\u0660\uff10\u00e9\u0130", max_size=8),
+)
+
+
+@given(st.lists(_KEY_VALUES, min_size=1, max_size=3))
+@settings(max_examples=500)
+def test_row_key_is_quote_of_every_value(values: list[int | str]) -> None:
+    """The fast path (integers and unreserved ASCII text left as they are) writes exactly what
+    ``urllib.parse.quote(str(v), safe="")`` writes: other languages rebuild these keys."""
+    assert row_key(values) == "/".join(quote(str(v), safe="") for v in values)
+
+
+def test_row_key_quotes_non_ascii_digits_and_letters() -> None:
+    # Arabic-Indic and full-width digits, a dotted capital I: letters and digits to str.isalnum and to
+    # a Unicode \w, but not unreserved characters.
+    assert row_key(["\u0661\u0662"]) == "%D9%A1%D9%A2"
+    assert row_key(["\uff11"]) == "%EF%BC%91"
+    assert row_key(["\u0130", "a\n"]) == "%C4%B0/a%0A"
+    assert row_key([-12, "-1.5_~"]) == "-12/-1.5_~"
     assert row_key(["a%2Fb"]) != row_key(["a/b"])
 
 
