@@ -15,7 +15,10 @@ caches still equal the database.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import re
+import signal
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -31,7 +34,6 @@ from cache_writer.entries import Entry, read_namespace
 from connectors.database import column_types
 from pipeline.demo.catchup import fetch_stats
 from pipeline.embedded import free_port
-from pipeline.embedded.process import terminate
 from schemas import ChangeEvent, decode, encode, message_key
 from schemas.debezium import DebeziumOptions, DebeziumTopics, Skip, decode_any
 from schemas.values import ColumnType, binlog_column_types, binlog_row_to_json
@@ -102,7 +104,12 @@ class SecondWorker:
         wait_for_stats(self.proc, self.port, self.log)
 
     def stop(self) -> None:
-        terminate(self.proc, timeout=30)
+        """At the end of the test: killed (-9, its process group), like the harness's processes in
+        ``Pipeline.close``; its topic, group and key prefix go with the test."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
 
 
 @pytest.fixture
