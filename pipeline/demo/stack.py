@@ -301,6 +301,10 @@ def start_stack(
         "FRESHKEY_CONNECTOR_CHECKPOINT_PATH": str(root / "checkpoint.json"),
         "FRESHKEY_WORKER_DATA_DIR": str(root / "worker"),
         "FRESHKEY_WORKER_WEB_PORT": str(web_port),
+        # Tansu holds a group's first join for half the session timeout (10 s -> 5 s, 2 s -> 1 s). The
+        # heartbeats come from Faust's consumer thread: a worker whose loop was blocked 6 s twice kept its
+        # membership at 2 s. Apache Kafka would refuse under 6 s; the demo runs Tansu only.
+        "FRESHKEY_WORKER_SESSION_TIMEOUT_S": os.environ.get("FRESHKEY_WORKER_SESSION_TIMEOUT_S", "2"),
         "FRESHKEY_TELEMETRY_PROMETHEUS_PORT": str(worker_metrics_port),
         "FRESHKEY_TELEMETRY_CONNECTOR_PROMETHEUS_PORT": str(connector_metrics_port),
         # The worker's SLA finds the heartbeat's namespace through this table's binding, and expects a

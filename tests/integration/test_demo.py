@@ -28,8 +28,10 @@ import pytest
 from connectors.kafka.producer import ChangeProducer
 from connectors.kafka.topics import ensure_topics
 from connectors.settings import KafkaSettings
+from pipeline.config import load_settings
 from pipeline.demo import stack as demo
 from pipeline.demo.catchup import SentinelRows, high_watermarks, partition_of
+from pipeline.settings import WorkerSettings
 from schemas import message_key
 from tests.support.compose import sql_statements
 from tests.support.demo import DEMO, SERVING, start_demo
@@ -221,6 +223,8 @@ def test_demo_serve_keeps_a_private_stack_up_until_interrupted(tmp_path: Path) -
             assert "# TYPE" in _get(urls[name]), f"{name} at {urls[name]} serves no Prometheus metrics"
         env_file = workdir / "freshkey.env"
         assert f"sla --env-file {env_file}" in text and f"verify --env-file {env_file}" in text, text
+        # Tansu holds the first join for half the session timeout: the demo's worker uses 2 s (1 s held).
+        assert load_settings(WorkerSettings, env_file).session_timeout_s == 2
         cli = [sys.executable, "-m", "pipeline"]
 
         # The heartbeat prober runs again while serving: the SLA's heartbeat target has data.
