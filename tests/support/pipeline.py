@@ -52,6 +52,14 @@ CREATE TABLE {db}.assets (
 """
 
 
+def session_timeout_s() -> str:
+    """The workers' ``FRESHKEY_WORKER_SESSION_TIMEOUT_S``: 2 s on the private Tansu broker, like ``freshkey
+    demo`` (Tansu holds a group's join for half the session timeout: each worker start and rebalance
+    waits 1 s instead of 3, and a killed member is given up after 2 s instead of 6); 6 s against an
+    external broker (``FRESHKEY_TEST_KAFKA``), Apache Kafka's smallest by default."""
+    return "6" if os.environ.get("FRESHKEY_TEST_KAFKA") else "2"
+
+
 class Pipeline:
     """Connector and worker as real child processes, killable with -9 and restartable."""
 
@@ -112,7 +120,7 @@ class Pipeline:
             "FRESHKEY_WORKER_APP_ID": self.app_id,
             "FRESHKEY_WORKER_DATA_DIR": str(workdir / "worker"),
             "FRESHKEY_WORKER_WEB_PORT": str(self.web_port),
-            "FRESHKEY_WORKER_SESSION_TIMEOUT_S": "6",
+            "FRESHKEY_WORKER_SESSION_TIMEOUT_S": session_timeout_s(),
             # Metrics on free ports, not the defaults (9464, 9465): tests can run side by side, and a
             # process left over elsewhere cannot take a test's metrics port.
             "FRESHKEY_TELEMETRY_PROMETHEUS_PORT": str(free_port()),
