@@ -330,6 +330,7 @@ class Pipeline:
         :meth:`stop` themselves)."""
         running = [proc for proc in self.procs.values() if proc.poll() is None]
         for proc in running:
+            proc.kill()  # a process started elsewhere (a test's own command) may lead no process group
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
         for proc in running:
