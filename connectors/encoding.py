@@ -51,5 +51,8 @@ class MessageKeys:
         if prefix is None:
             prefix = self._prefixes[(db, table)] = f"{quote(db, safe='')}/{quote(table, safe='')}/"
         # str(int) is digits and "-", which quote leaves as they are.
+        if len(key) == 1:  # the usual one-column key: no generator, no join
+            (value,) = key.values()
+            return (prefix + (str(value) if type(value) is int else quote(str(value), safe=""))).encode()
         row = "/".join(str(v) if type(v) is int else quote(str(v), safe="") for v in key.values())
         return (prefix + row).encode()

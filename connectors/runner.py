@@ -340,6 +340,7 @@ class ConnectorRun:
                     self.on_ready(start)
             if self.retry.failures and now - connected_at >= STABLE_AFTER_S:
                 self.retry.stable()
+            producer.serve()
             producer.raise_if_failed()
             if isinstance(item, Tick):
                 self.snapshots.read_to(None)
@@ -355,7 +356,7 @@ class ConnectorRun:
                         self.stats.dead_letters += 1
                 while tracker.outstanding > self.connector.max_in_flight:
                     producer.raise_if_failed()
-                    time.sleep(0.005)
+                    producer.serve(0.005)
             elif self.registry is not None and isinstance(item, ChangeEvent) and item.table == self.registry:
                 sender.registry_row(item)
             else:
@@ -371,7 +372,7 @@ class ConnectorRun:
                     self.stats.changes += 1
                 while tracker.outstanding > self.connector.max_in_flight:
                     producer.raise_if_failed()
-                    time.sleep(0.005)
+                    producer.serve(0.005)
             if now - last_report >= self.progress_every_s:
                 last_report = now
                 position = tracker.committed

@@ -66,7 +66,40 @@ class EventOrigin:
     """The GTID of the transaction the event belongs to, where the server has GTIDs."""
 
     def source(self, db: str, table: str, row: int = 0) -> Source:
-        """The :class:`Source` of a change (row ``row`` of the event) or DDL event of ``db.table``."""
+        """The :class:`Source` of a change (row ``row`` of the event) or DDL event of ``db.table``.
+
+        Fields that validation would accept as they are (checked here: exact types, ranges, lengths)
+        make the model directly (:func:`_built`); any other value goes through validation, which
+        raises its own error."""
+        ts_ms = self.timestamp_s * 1000 if type(self.timestamp_s) is int else -1
+        gtid = self.gtid
+        if (
+            type(self.server_id) is int
+            and 0 <= self.server_id <= MAX_U32
+            and type(self.file) is str
+            and 1 <= len(self.file) <= 512
+            and type(self.end_pos) is int
+            and 0 <= self.end_pos <= MAX_U64
+            and type(row) is int
+            and 0 <= row <= MAX_U32
+            and (gtid is None or (type(gtid) is str and len(gtid) <= 512))
+            and 0 <= ts_ms <= MAX_TS_MS
+            and type(db) is str
+            and 1 <= len(db) <= 256
+            and type(table) is str
+            and 1 <= len(table) <= 256
+        ):
+            fields = {
+                "server_id": self.server_id,
+                "file": self.file,
+                "pos": self.end_pos,
+                "row": row,
+                "gtid": gtid,
+                "ts_ms": ts_ms,
+                "db": db,
+                "table": table,
+            }
+            return _built(Source, fields, _SOURCE_FIELDS)
         return Source(
             server_id=self.server_id,
             file=self.file,
@@ -165,6 +198,7 @@ class _Shared:
 ROWS_PER_EVENT = 2**16
 """Rows of one rows event a binlog version can tell apart (schemas.versions)."""
 
+_SOURCE_FIELDS = frozenset({"server_id", "file", "pos", "row", "gtid", "ts_ms", "db", "table"})
 _CHANGE_FIELDS = frozenset(
     {
         "event_id",

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from connectors.binlog.translate import EventOrigin, RowsEvent, RowsKind, translate_rows
 from schemas import ChangeEvent, DeadLetter, Source
@@ -107,3 +108,36 @@ def test_what_validation_refuses_is_still_a_dead_letter(
     assert len(items) == 1 and isinstance(items[0], DeadLetter), items
     assert "row of shop.assets is not a valid change" in items[0].reason
     assert reason in items[0].reason
+
+
+TEXTS = st.text(min_size=0, max_size=600)
+INTS = st.integers(-5, 2**65) | st.booleans()
+
+
+@given(INTS, TEXTS, INTS, INTS, st.none() | TEXTS, st.integers(-5, 2**45) | st.booleans(), TEXTS, TEXTS)
+@settings(max_examples=500)
+def test_a_source_is_the_validated_source_or_validation_refuses_it(
+    server_id: Any, file: Any, end_pos: Any, row: Any, gtid: Any, timestamp_s: Any, db: Any, table: Any
+) -> None:
+    """EventOrigin.source builds in-range sources directly: the same model validation makes (fields,
+    fields set, JSON), and a value out of range or of another type still raises validation's error."""
+    origin = EventOrigin(server_id, file, end_pos, timestamp_s, gtid)
+    try:
+        expected = Source(
+            server_id=server_id,
+            file=file,
+            pos=end_pos,
+            row=row,
+            gtid=gtid,
+            ts_ms=timestamp_s * 1000,
+            db=db,
+            table=table,
+        )
+    except ValidationError:
+        with pytest.raises(ValidationError):
+            origin.source(db, table, row)
+        return
+    built = origin.source(db, table, row)
+    assert built == expected
+    assert built.__pydantic_fields_set__ == expected.__pydantic_fields_set__
+    assert built.model_dump_json() == expected.model_dump_json()

@@ -4,11 +4,14 @@ callback are fed to their handlers)."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
 from confluent_kafka import KafkaError
 
+import connectors.kafka.producer as producer_module
 from connectors.exceptions import ConfigurationError, DeliveryError
 from connectors.kafka.producer import RECORD_OVERHEAD_BYTES, ChangeProducer, MessageLimit
 from connectors.settings import KafkaSettings
@@ -100,3 +103,41 @@ def test_the_first_failure_is_the_one_raised(producer: ChangeProducer) -> None:
     producer.on_delivery_error(KafkaError(KafkaError._MSG_TIMED_OUT), "t", 10, None)
     with pytest.raises(DeliveryError, match="for good"):
         producer.raise_if_failed()
+
+
+def _purged_report_thread(producer: ChangeProducer, serve: bool) -> str:
+    """Which thread serves the delivery report of a message purged from the queue."""
+    threads: list[str] = []
+
+    def on_error(err: KafkaError, topic: str, size: int, on_too_large: object) -> None:
+        threads.append(threading.current_thread().name)
+
+    producer.on_delivery_error = on_error  # type: ignore[method-assign]
+    producer.produce("t", b"key", b"value", lambda: threads.append("delivered?"))
+    producer._producer.purge(in_queue=True)
+    time.sleep(0.2)  # a background thread that serves reports has served this one by now
+    deadline = time.monotonic() + 5
+    while not threads and time.monotonic() < deadline:
+        if serve:
+            producer.serve(0.01)
+        else:
+            time.sleep(0.01)
+    assert threads, "no delivery report served within 5 s"
+    return threads[0]
+
+
+def test_a_caller_that_serves_gets_the_delivery_reports(
+    producer: ChangeProducer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reports go to the thread that calls serve(): the background thread leaves them to it (no GIL
+    taken from the producing thread per message) while it served within the hand-over time."""
+    monkeypatch.setattr(producer_module, "SERVE_HANDOVER_S", 2.0)  # no hand-over on a loaded machine
+    producer.serve()
+    time.sleep(0.1)  # the background thread's poll in progress (0.05 s) ends; it waits from now on
+    assert _purged_report_thread(producer, serve=True) == threading.current_thread().name
+
+
+def test_without_a_serving_caller_the_background_thread_serves_the_reports(
+    producer: ChangeProducer,
+) -> None:
+    assert _purged_report_thread(producer, serve=False) == "kafka-delivery"
