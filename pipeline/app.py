@@ -157,6 +157,9 @@ def create_app(settings: AllSettings, bindings: Bindings) -> Worker:
         "hotness": app.topic(kafka.hotness_topic, partitions=kafka.partitions, internal=False),
         "violations": app.topic(settings.sla.violations_topic, internal=False),
     }
+    if any(b.semantic is not None for b in bindings.bindings):
+        import cache_writer.semantic.keys  # noqa: F401  torch now, not in the first batch
+
     registry = ModelRegistry(
         bindings, prefix=redis.key_prefix, device=worker.device, weights_dir=settings.model.weights_dir
     )

@@ -32,10 +32,10 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from cache_writer import CacheTier
 from cache_writer.exceptions import TierUnavailableError
-from cache_writer.semantic import KeyHashWeights, load_update_weights
 from cache_writer.signatures import SignatureRecord
 from pipeline.ddl import move_signatures
 from pipeline.loaders import Loaders
@@ -52,6 +52,9 @@ from schemas.model_updates import (
     decode_model_update,
     signature_order,
 )
+
+if TYPE_CHECKING:  # torch is imported when a model update is checked, not before
+    from cache_writer.semantic import KeyHashWeights
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +149,8 @@ class Cutovers:
             check_update(update, active, self.bindings)
             if not todo:
                 return None
+            from cache_writer.semantic import load_update_weights
+
             weights = await asyncio.to_thread(load_update_weights, update, base_dir=self.registry.weights_dir)
             for namespace in todo:
                 spec = self.bindings[namespace].semantic

@@ -18,22 +18,19 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cache_writer.redis.pipeline import RedisClient
-from cache_writer.semantic import (
-    KeyHashWeights,
-    SemanticKeyer,
-    load_update_weights,
-)
 from cache_writer.semantic.exceptions import EmbeddingError
-from cache_writer.semantic.rows import RowKeyRequest, row_keys
 from cache_writer.signatures import ClientSignatures, NamespaceSignatures, SignatureRecord
 from cache_writer.tier import SignatureReader
 from pipeline.plan import value_columns_of
 from schemas import Binding, Bindings
 from schemas.errors import Unavailable
 from schemas.model_updates import ModelUpdate, ModelUpdateRejected, decode_model_update
+
+if TYPE_CHECKING:  # torch is imported when a semantic binding needs a keyer, not before
+    from cache_writer.semantic import KeyHashWeights, SemanticKeyer
 
 log = logging.getLogger(__name__)
 
@@ -174,6 +171,8 @@ class ModelRegistry:
         """The keyer of the update's weights (loaded and digest-checked once per digest)."""
         keyer = self._keyers.get(update.weights_sha256)
         if keyer is None:
+            from cache_writer.semantic import SemanticKeyer, load_update_weights
+
             if weights is None:
                 try:
                     weights = await asyncio.to_thread(load_update_weights, update, base_dir=self.weights_dir)
@@ -195,6 +194,8 @@ class KeyRequest:
 
 def semantic_keys(requests: Sequence[KeyRequest], prefix: str) -> list[str | EmbeddingError]:
     """The entry key of each request under its state's keyer (``cache_writer.semantic.rows``)."""
+    from cache_writer.semantic.rows import RowKeyRequest, row_keys
+
     return row_keys(
         [RowKeyRequest(r.binding, _keyer(r.state), r.image) for r in requests],
         prefix,
