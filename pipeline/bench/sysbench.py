@@ -35,17 +35,11 @@ with sysbench and MariaDB, that tells whether a process is slow or only starved.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -53,71 +47,22 @@ import orjson
 
 from pipeline.bench.config import BenchConfig, BenchError, Progress
 from pipeline.bench.measure import Session
-from pipeline.bench.pipeline import _environment
-from pipeline.bench.procs import BenchProcessError, Sampler, wait_until
+from pipeline.bench.procs import Sampler, wait_until
 from pipeline.bench.roles import Connector, Worker, acked_count, acked_offsets, stop_all
+from pipeline.bench.runs import bench_folder, finish_report, new_report, tool_version
 from pipeline.bench.stack import Stack
+from pipeline.bench.sysbench_report import bytes_behind, figures, sample_line
+from pipeline.bench.sysbench_tool import (
+    COMMIT_TIME_COLUMN,
+    DATABASE,
+    SENTINEL_NAMESPACE,
+    SENTINEL_TABLE,
+    SysbenchConfig,
+    parse_sysbench,
+    sysbench_args,
+    sysbench_binary,
+)
 from pipeline.demo.catchup import Sentinel, SentinelRows, redis_version_reader
-from pipeline.embedded.process import MissingBinaryError, find_binary
-
-SYSBENCH_INSTALL = "apt-get update && apt-get install -y sysbench"
-DATABASE = "sbtest"
-SENTINEL_TABLE = "freshkey_sentinel"
-SENTINEL_NAMESPACE = "sysbench_sentinel"
-COMMIT_TIME_COLUMN = "freshkey_at"
-ROWS_PER_TRANSACTION = 4
-"""Row changes of one oltp_write_only transaction: UPDATE (indexed), UPDATE (non-indexed), DELETE, INSERT."""
-CAUGHT_UP_TARGET_S = 2.0
-
-
-@dataclass(frozen=True)
-class SysbenchConfig:
-    """What ``freshkey bench sysbench`` runs: sysbench's size and length, and the topic's partitions."""
-
-    time_s: int = 60
-    threads: int = 4
-    tables: int = 4
-    table_size: int = 10_000
-    partitions: int = 4
-    timeout_s: float = 600.0
-    window_ms: float = 1500.0
-
-    def check(self) -> None:
-        """ValueError saying which option to change."""
-        if min(self.time_s, self.threads, self.tables, self.table_size, self.partitions) < 1:
-            raise ValueError("--time, --threads, --tables, --table-size and --partitions must be at least 1")
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def sysbench_binary() -> str:
-    """The sysbench on PATH; BenchError saying how to install it otherwise."""
-    try:
-        return find_binary(["sysbench"], SYSBENCH_INSTALL)
-    except MissingBinaryError as exc:
-        raise BenchError(str(exc)) from None
-
-
-def parse_sysbench(text: str) -> dict[str, float]:
-    """The figures of sysbench's final report: transactions, queries, errors, reconnects (count and per
-    second), total time and latency (ms)."""
-    figures: dict[str, float] = {}
-    for name in ("transactions", "queries", "ignored errors", "reconnects"):
-        match = re.search(rf"^\s*{name}:\s+(\d+)\s+\(([\d.]+) per sec\.\)", text, re.MULTILINE)
-        if match:
-            key = name.replace(" ", "_")
-            figures[key] = int(match.group(1))
-            figures[f"{key}_per_s"] = float(match.group(2))
-    match = re.search(r"^\s*total time:\s+([\d.]+)s", text, re.MULTILINE)
-    if match:
-        figures["total_time_s"] = float(match.group(1))
-    latency = text.partition("Latency (ms):")[2]
-    for name, key in (("min", "min"), ("avg", "avg"), ("max", "max"), (r"95th percentile", "p95")):
-        match = re.search(rf"^\s*{name}:\s+([\d.]+)", latency, re.MULTILINE)
-        if match:
-            figures[f"latency_{key}_ms"] = float(match.group(1))
-    return figures
 
 
 class SysbenchBench:
@@ -133,45 +78,19 @@ class SysbenchBench:
         self.binary = sysbench_binary()
 
     def run(self) -> dict[str, Any]:
-        own_dir = self.workdir is None
-        root = Path(tempfile.mkdtemp(prefix="freshkey-sysbench-")) if self.workdir is None else self.workdir
-        root.mkdir(parents=True, exist_ok=True)
         began = time.monotonic()
-        environment = _environment()
-        environment["sysbench"] = self._version()
-        report: dict[str, Any] = {
-            "bench": "sysbench",
-            "config": self.config.to_json(),
-            "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
-            "environment": environment,
-        }
+        report = new_report("sysbench", self.config.to_json())
+        report["environment"]["sysbench"] = tool_version(self.binary, "--version")
         self.progress.start(6)
-        try:
-            with ExitStack() as stack:
-                self.progress.step("starting MariaDB (binlog on), Redis and the Kafka broker")
-                bench_config = BenchConfig(partitions=self.config.partitions, timeout_s=self.config.timeout_s)
-                services = Stack(root, bench_config, stack)
-                report["environment"].update(services.versions())
-                session = Session(bench_config, self.progress, services)
-                stack.callback(lambda: stop_all(session.procs))
-                report.update(_Run(self, session, root).run())
-        except (BenchProcessError, TimeoutError) as exc:
-            where = "rerun with --workdir DIR to keep the logs" if own_dir else f"logs in {root}"
-            raise BenchError(f"{exc}\n({where})") from None
-        finally:
-            self.progress.finish()
-            if own_dir:
-                shutil.rmtree(root, ignore_errors=True)
-        report["environment"]["load_avg_at_end"] = [round(x, 2) for x in os.getloadavg()]
-        report["seconds"] = round(time.monotonic() - began, 1)
-        return report
-
-    def _version(self) -> str:
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            return subprocess.run(
-                [self.binary, "--version"], capture_output=True, text=True, timeout=10, check=True
-            ).stdout.strip()
-        return "?"
+        with bench_folder(self.workdir, "freshkey-sysbench-", self.progress) as root, ExitStack() as stack:
+            self.progress.step("starting MariaDB (binlog on), Redis and the Kafka broker")
+            bench_config = BenchConfig(partitions=self.config.partitions, timeout_s=self.config.timeout_s)
+            services = Stack(root, bench_config, stack)
+            report["environment"].update(services.versions())
+            session = Session(bench_config, self.progress, services)
+            stack.callback(lambda: stop_all(session.procs))
+            report.update(_Run(self, session, root).run())
+        return finish_report(report, began)
 
 
 class _Run:
@@ -187,24 +106,7 @@ class _Run:
         self.bindings = root / "bindings-sysbench.yaml"
 
     def sysbench_args(self, command: str) -> list[str]:
-        db = self.stack.db
-        return [
-            self.binary,
-            "oltp_write_only",
-            "--db-driver=mysql",
-            f"--mysql-host={db.host}",
-            f"--mysql-port={db.port}",
-            f"--mysql-user={db.admin_user}",
-            f"--mysql-password={db.admin_password}",
-            f"--mysql-db={DATABASE}",
-            f"--tables={self.config.tables}",
-            f"--table-size={self.config.table_size}",
-            f"--threads={self.config.threads}",
-            f"--time={self.config.time_s}",
-            "--rate=0",
-            "--report-interval=10",
-            command,
-        ]
+        return sysbench_args(self.binary, self.config, self.stack.db, command)
 
     def run(self) -> dict[str, Any]:
         config = self.config
@@ -229,7 +131,7 @@ class _Run:
         stats = worker.stats() or {}
         self.progress.step("freshkey verify")
         verification = self._verify(worker)
-        return _figures(run, catch_up, stats, verification, config)
+        return figures(run, catch_up, stats, verification, config)
 
     def _prepare(self) -> None:
         with self.stack.admin.cursor() as cur:
@@ -357,7 +259,7 @@ class _Run:
                 next_sample += 1.0
                 if now >= next_line:
                     next_line += 10
-                    self.progress.log(_sample_line(samples[-1], self.config.time_s))
+                    self.progress.log(sample_line(samples[-1], self.config.time_s))
             if now - began > self.config.time_s + self.config.timeout_s:
                 proc.kill()
             time.sleep(0.05)
@@ -370,7 +272,7 @@ class _Run:
             "t_s": round(t, 2),
             "binlog": list(end),
             "connector": list(saved[0]) if saved else None,
-            "connector_behind_bytes": _bytes_behind(end, saved[0] if saved else None),
+            "connector_behind_bytes": bytes_behind(end, saved[0] if saved else None),
             "acked": None if acked is None else acked_count(acked) - base_acked,
         }
 
@@ -406,7 +308,7 @@ class _Run:
                 if now - last_line > 10:
                     last_line = now
                     sample = self._sample(now - run["began"], connector, worker, run["base_acked"])
-                    self.progress.log(f"catching up: {_sample_line(sample, None)}")
+                    self.progress.log(f"catching up: {sample_line(sample, None)}")
                 time.sleep(0.02)
         finally:
             client.close()
@@ -443,209 +345,8 @@ class _Run:
         return figures
 
 
-def _bytes_behind(end: tuple[str, int], saved: tuple[str, int] | None) -> int | None:
-    """Binlog bytes between the connector's checkpoint and the end (None across a binlog rotation)."""
-    if saved is None or saved[0] != end[0]:
-        return None
-    return max(0, end[1] - saved[1])
-
-
-def _sample_line(sample: dict[str, Any], total_s: int | None) -> str:
-    behind = sample["connector_behind_bytes"]
-    of = f"/{total_s}" if total_s else ""
-    return (
-        f"t={sample['t_s']:.0f}{of} s: worker applied {sample['acked'] or 0:,} changes, connector "
-        f"{'?' if behind is None else f'{behind / 1e6:,.1f} MB'} of binlog behind"
-    )
-
-
-def _rate(samples: list[dict[str, Any]], key: str) -> float | None:
-    """Per second over the samples' span (first to last)."""
-    usable = [s for s in samples if s.get(key) is not None]
-    if len(usable) < 2 or usable[-1]["t_s"] <= usable[0]["t_s"]:
-        return None
-    return float(usable[-1][key] - usable[0][key]) / float(usable[-1]["t_s"] - usable[0]["t_s"])
-
-
-def _figures(
-    run: dict[str, Any],
-    catch_up: dict[str, Any],
-    stats: dict[str, Any],
-    verification: dict[str, Any],
-    config: SysbenchConfig,
-) -> dict[str, Any]:
-    sysbench = run["sysbench"]
-    seconds = sysbench.get("total_time_s") or (run["ended"] - run["began"])
-    changes = catch_up["acked_total"]
-    start, end = run["start_position"], run["end_position"]
-    binlog_bytes = end[1] - start[1] if start[0] == end[0] else None
-    connector_at_end = run["connector_at_end"]
-    samples = run["samples"]
-    for sample in samples:
-        sample["connector_bytes"] = (
-            sample["connector"][1] - start[1]
-            if sample["connector"] and sample["connector"][0] == start[0]
-            else None
-        )
-    lag = stats.get("lag_ms", {})
-    reports = verification.get("reports", [])
-    behind = changes - run["acked_at_end"]
-    return {
-        "sysbench": sysbench,
-        "row_changes": changes,
-        "row_changes_per_s": round(changes / seconds, 1),
-        "sysbench_row_changes": sysbench["transactions"] * ROWS_PER_TRANSACTION,
-        "binlog_bytes": binlog_bytes,
-        "binlog_bytes_per_s": round(binlog_bytes / seconds, 1) if binlog_bytes is not None else None,
-        "at_sysbench_end": {
-            "changes_not_applied": behind,
-            "changes_applied": run["acked_at_end"],
-            "connector_behind_bytes": _bytes_behind(
-                end, tuple(connector_at_end) if connector_at_end else None
-            ),
-            "caught_up_s": round(catch_up["caught_up_s"], 3),
-            "connector_caught_up_s": None
-            if catch_up["connector_caught_up_s"] is None
-            else round(catch_up["connector_caught_up_s"], 3),
-            "caught_up_within_target": catch_up["caught_up_s"] <= CAUGHT_UP_TARGET_S,
-            "target_s": CAUGHT_UP_TARGET_S,
-        },
-        "during_run": {
-            "worker_applied_per_s": _round(_rate(samples, "acked")),
-            "connector_binlog_bytes_per_s": _round(_rate(samples, "connector_bytes")),
-            "binlog_written_bytes_per_s": _round(
-                binlog_bytes / (run["ended"] - run["began"]) if binlog_bytes is not None else None
-            ),
-        },
-        "lag_ms": {ns: lag[ns] for ns in sorted(lag) if ns.startswith("sbtest")},
-        "stages_ms": stats.get("stages_ms", {}),
-        "processes": {"run": run["processes"], "catch_up": catch_up["processes"]},
-        "cpu_us_per_change": _cpu_per_change(run["processes"], catch_up["processes"], changes),
-        "background_cores": {"run": run["background_cores"], "catch_up": catch_up["background_cores"]},
-        "verify": {
-            "exit_code": verification["exit_code"],
-            "checked": verification.get("checked", 0),
-            "stale": verification.get("stale", 0),
-            "in_flight": verification.get("in_flight", 0),
-            "missing": sum(r.get("missing", 0) for r in reports),
-            "rows": sum(r.get("rows", 0) for r in reports),
-            "unverifiable": verification.get("unverifiable", []),
-            "nines_text": verification.get("nines_text"),
-        },
-        "samples": samples,
-    }
-
-
-def _cpu_per_change(
-    run: dict[str, dict[str, float]], catch_up: dict[str, dict[str, float]], changes: int
-) -> dict[str, float]:
-    """CPU µs per row change of the processes that handle every change (over the run and the catch-up
-    together): what following sysbench's rate costs each, whatever the machine left it."""
-    return {
-        name: round(
-            (run[name]["cpu_s"] + catch_up.get(name, {}).get("cpu_s", 0.0)) / max(1, changes) * 1e6, 1
-        )
-        for name in ("connector", "kafka", "worker", "redis")
-        if name in run
-    }
-
-
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 1)
-
-
 def _tail(path: Path, chars: int = 3000) -> str:
     try:
         return path.read_text(errors="replace")[-chars:]
     except OSError:
         return "(no log)"
-
-
-def render(report: dict[str, Any], console: Any) -> None:
-    """The report as rich tables."""
-    from rich.table import Table
-
-    config, sysbench, end = report["config"], report["sysbench"], report["at_sysbench_end"]
-    table = Table(
-        title=f"freshkey bench sysbench: oltp_write_only, {config['threads']} threads, {config['time_s']} s "
-        f"unthrottled, {config['tables']} x {config['table_size']:,} rows"
-    )
-    table.add_column("figure")
-    table.add_column("value", justify="right")
-    verify = report["verify"]
-    during = report["during_run"]
-
-    def num(value: Any, fmt: str = ",.0f") -> str:
-        return "-" if value is None else format(value, fmt)
-
-    rows = [
-        ("sysbench tps (transactions/s)", num(sysbench.get("transactions_per_s"), ",.1f")),
-        (
-            "sysbench latency avg / p95 (ms)",
-            f"{num(sysbench.get('latency_avg_ms'), '.2f')} / {num(sysbench.get('latency_p95_ms'), '.2f')}",
-        ),
-        (
-            "row changes applied (per s of sysbench)",
-            f"{report['row_changes']:,} ({num(report['row_changes_per_s'])}/s)",
-        ),
-        (
-            "binlog written (MB/s)",
-            num(during["binlog_written_bytes_per_s"] and during["binlog_written_bytes_per_s"] / 1e6, ".2f"),
-        ),
-        (
-            "connector read rate during the run (MB/s)",
-            num(
-                during["connector_binlog_bytes_per_s"] and during["connector_binlog_bytes_per_s"] / 1e6, ".2f"
-            ),
-        ),
-        ("worker applied rate during the run (changes/s)", num(during["worker_applied_per_s"])),
-        ("at sysbench's end: changes not yet applied", f"{end['changes_not_applied']:,}"),
-        (
-            "at sysbench's end: connector behind (MB of binlog)",
-            num(end["connector_behind_bytes"] and end["connector_behind_bytes"] / 1e6, ".2f"),
-        ),
-        ("connector at the binlog end after (s)", num(end["connector_caught_up_s"], ".2f")),
-        (
-            f"caught up after (s; target {end['target_s']:g})",
-            f"[{'green' if end['caught_up_within_target'] else 'red'}]{end['caught_up_s']:.2f}[/]",
-        ),
-    ]
-    for namespace, summary in report["lag_ms"].items():
-        rows.append(
-            (
-                f"lag p50 / p99 / max, {namespace} (ms)",
-                f"{num(summary.get('p50'), ',.1f')} / {num(summary.get('p99'), ',.1f')} / "
-                f"{num(summary.get('max'), ',.1f')}",
-            )
-        )
-    rows += [
-        (
-            "verify: checked / stale / in flight / missing",
-            f"{verify['checked']:,} / [{'red' if verify['stale'] else 'green'}]{verify['stale']}[/] / "
-            f"{verify['in_flight']} / {verify['missing']}",
-        ),
-        (
-            "other load on the machine, run / catch-up (cores)",
-            f"{report['background_cores']['run']:.2f} / {report['background_cores']['catch_up']:.2f}",
-        ),
-    ]
-    for name, value in rows:
-        table.add_row(name, value)
-    console.print(table)
-    cpu = Table(title="CPU per process (µs per change: run and catch-up together; cores at sysbench's rate)")
-    cpu.add_column("process")
-    cpu.add_column("s during the run", justify="right")
-    cpu.add_column("s catch-up", justify="right")
-    cpu.add_column("µs per change", justify="right")
-    cpu.add_column("cores at sysbench's rate", justify="right")
-    processes, per_change = report["processes"], report["cpu_us_per_change"]
-    for name in dict.fromkeys([*processes["run"], *processes["catch_up"]]):
-        us = per_change.get(name)
-        cpu.add_row(
-            name,
-            num(processes["run"].get(name, {}).get("cpu_s"), ".2f"),
-            num(processes["catch_up"].get(name, {}).get("cpu_s"), ".2f"),
-            num(us, ",.1f"),
-            num(None if us is None else us * report["row_changes_per_s"] / 1e6, ".2f"),
-        )
-    console.print(cpu)

@@ -29,6 +29,7 @@ resident memory should not carry a library it does not use.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -205,12 +206,8 @@ def pipeline_bench(
     """Measure the pipeline on the embedded stack: raw binlog decode and raw Redis CAS (the ceilings),
     connector alone, worker alone, end to end and 2 workers on a backlog of single-row transactions and
     one of multi-row INSERTs, then fixed rates with lag per stage; CPU and peak RSS per process."""
-    import signal
-    from types import FrameType
 
-    import orjson
-
-    from pipeline.bench.config import BenchConfig, BenchError, parse_only
+    from pipeline.bench.config import BenchConfig, parse_only
     from pipeline.bench.pipeline import PipelineBench
     from pipeline.bench.report import NOTES, render, summarize
 
@@ -237,29 +234,11 @@ def pipeline_bench(
         console.print(f"[red]✗[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
 
-    def interrupt(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    # Ctrl-C and SIGTERM both unwind through the bench, which stops every process and service it started.
-    signal.signal(signal.SIGINT, interrupt)
-    signal.signal(signal.SIGTERM, interrupt)
-    progress = _RichProgress()
-    try:
-        report = PipelineBench(config, progress, workdir=workdir).run()
-    except KeyboardInterrupt:
-        console.print("[yellow]interrupted[/yellow]: everything the bench started has been stopped.")
-        raise typer.Exit(130) from None
-    except BenchError as exc:
-        console.print(f"[red]bench failed[/red]: {escape(str(exc))}")
-        raise typer.Exit(1) from None
+    report = _run_bench(lambda: PipelineBench(config, _RichProgress(), workdir=workdir).run())
     report["summary"] = summarize(report)
     report["notes"] = list(NOTES)
     render(report, report["summary"], console)
-    console.print(f"finished in {report['seconds']:,.0f} s")
-    if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
-        console.print(f"figures written to {escape(str(json_path))}")
+    _finish(report, json_path)
 
 
 @bench_app.command("sysbench")
@@ -282,16 +261,9 @@ def sysbench_bench(
     follow it: tps, row changes/s, how far behind freshkey is when sysbench ends and how long until it
     caught up, lag percentiles, CPU per process, then freshkey verify. Needs sysbench (Debian: apt-get
     install sysbench); see :mod:`pipeline.bench.sysbench`."""
-    import signal
-    from types import FrameType
-
-    import orjson
-
-    from pipeline.bench.config import BenchError
-    from pipeline.bench.sysbench import SysbenchBench, SysbenchConfig, render
-
-    def interrupt(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
+    from pipeline.bench.sysbench import SysbenchBench
+    from pipeline.bench.sysbench_report import render
+    from pipeline.bench.sysbench_tool import SysbenchConfig
 
     config = SysbenchConfig(
         time_s=time_s,
@@ -301,17 +273,43 @@ def sysbench_bench(
         partitions=partitions,
         timeout_s=timeout_s,
     )
+    try:
+        config.check()
+    except ValueError as exc:
+        console.print(f"[red]✗[/red] {escape(str(exc))}")
+        raise typer.Exit(2) from None
+    report = _run_bench(lambda: SysbenchBench(config, _RichProgress(), workdir=workdir).run())
+    render(report, console)
+    _finish(report, json_path)
+
+
+def _run_bench(run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """``run()``'s report. Ctrl-C and SIGTERM both unwind through the bench, which stops every process and
+    service it started (exit 130); a bench that failed exits 1 with the reason."""
+    import signal
+    from types import FrameType
+
+    from pipeline.bench.config import BenchError
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
     signal.signal(signal.SIGINT, interrupt)
     signal.signal(signal.SIGTERM, interrupt)
     try:
-        report = SysbenchBench(config, _RichProgress(), workdir=workdir).run()
+        report: dict[str, Any] = run()
+        return report
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/yellow]: everything the bench started has been stopped.")
         raise typer.Exit(130) from None
     except BenchError as exc:
         console.print(f"[red]bench failed[/red]: {escape(str(exc))}")
         raise typer.Exit(1) from None
-    render(report, console)
+
+
+def _finish(report: dict[str, Any], json_path: Path | None) -> None:
+    import orjson
+
     console.print(f"finished in {report['seconds']:,.0f} s")
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)

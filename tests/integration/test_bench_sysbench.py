@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 import pytest
 
-from pipeline.bench.sysbench import ROWS_PER_TRANSACTION
+from pipeline.bench.sysbench_tool import ROWS_PER_TRANSACTION
 from tests.support.processes import processes_mentioning
 
 pytestmark = pytest.mark.skipif(

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.bench.config import BenchError
-from pipeline.bench.sysbench import ROWS_PER_TRANSACTION, parse_sysbench, sysbench_binary
+from pipeline.bench.sysbench_tool import ROWS_PER_TRANSACTION, parse_sysbench, sysbench_binary
 
 # The end of a real `sysbench 1.0.20 oltp_write_only ... run` (4 threads, 5 s) on the private MariaDB.
 REPORT = """

@@ -13,14 +13,12 @@ from typing import Any
 
 import pytest
 
+from connectors.binlog.ddl import mentioned_databases, statement_kind, translate_ddl
 from connectors.binlog.translate import (
     EventOrigin,
     RowsEvent,
     RowsKind,
     VersionSource,
-    mentioned_databases,
-    statement_kind,
-    translate_ddl,
     translate_rows,
 )
 from connectors.exceptions import ConfigurationError
