@@ -30,9 +30,9 @@ from cache_writer.exceptions import TierUnavailableError
 from cache_writer.layout import entry_key, invalidation_channel
 from cache_writer.semantic import KeyHashWeights, format_key
 from cache_writer.signatures import NamespaceSignatures, SignatureRecord, set_signature
-from connectors.settings import MySQLSettings
+from pipeline.bench.cutover import MemoryLoaders
 from pipeline.cutover import Cutovers
-from pipeline.loaders import Loaders, RowLoader
+from pipeline.loaders import RowLoader
 from pipeline.models import ModelRegistry
 from pipeline.settings import ModelSettings
 from schemas import Binding, Bindings, encode_value
@@ -44,26 +44,27 @@ NAMESPACE = "items"
 DIMS = {"text": 16}
 
 
-class _Rows(Loaders):
-    """An in-memory row source that can be taken down: ``down`` makes every load raise the error a
-    MySQL connection refused raises."""
+class _Rows(MemoryLoaders):
+    """The bench's in-memory row source, which can be taken down: ``down`` makes every load raise the
+    error a MySQL connection refused raises."""
 
     def __init__(self, rows: Mapping[str, Mapping[str, Any]]) -> None:
-        super().__init__(MySQLSettings())
-        self.rows = rows
+        super().__init__(rows)
         self.down = False
         self.loads = 0
 
     def for_binding(self, binding: Binding) -> RowLoader:
-        def load(
+        load = super().for_binding(binding)
+
+        def counted(
             binding: Binding, key_columns: Sequence[str], keys: Sequence[Sequence[str]]
         ) -> Iterable[Mapping[str, Any]]:
             self.loads += 1
             if self.down:
                 raise pymysql.err.OperationalError(2003, "Can't connect to MySQL server on '127.0.0.1'")
-            return [self.rows[key[0]] for key in keys if key[0] in self.rows]
+            return load(binding, key_columns, keys)
 
-        return load
+        return counted
 
 
 def _update(version: str, weights: KeyHashWeights) -> ModelUpdate:
