@@ -71,6 +71,11 @@ def parse_broadcast(message: bytes | str) -> tuple[str, int, str] | None:
     return parts[0], int(parts[1]), parts[2]
 
 
+LISTEN_ERRORS = (redis.RedisError, redis.exceptions.RedisClusterException, OSError)
+"""What ends a subscription and is retried with backoff: a connection or server error, or a cluster
+client that cannot reach any node to learn the slots (not a RedisError in redis-py)."""
+
+
 class TopologyChanged(Exception):
     """The cluster's primaries are not those the listener is subscribed on."""
 
@@ -182,7 +187,7 @@ class InvalidationListener:
                 await self._listen()
             except asyncio.CancelledError:
                 raise
-            except (redis.RedisError, OSError) as exc:
+            except LISTEN_ERRORS as exc:
                 log.warning("invalidation channel lost (%s): L1 flushed until resubscribed", exc)
             except TopologyChanged as exc:
                 log.warning("%s: L1 flushed until subscribed on every primary", exc)
@@ -291,7 +296,7 @@ class ThreadedInvalidationListener:
         while not self._stop.is_set():
             try:
                 self._listen()
-            except (redis.RedisError, OSError) as exc:
+            except LISTEN_ERRORS as exc:
                 log.warning("invalidation channel lost (%s): L1 flushed until resubscribed", exc)
             except TopologyChanged as exc:
                 log.warning("%s: L1 flushed until subscribed on every primary", exc)
@@ -365,7 +370,7 @@ class ThreadedInvalidationListener:
                 if subscription.on_message(index, message) and not generation.is_set():
                     self.subscribed.set()
                     self._backoff = 0.05
-        except (redis.RedisError, OSError) as exc:
+        except LISTEN_ERRORS as exc:
             errors.append(exc)
         finally:
             generation.set()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from cache_writer.l1 import L1Cache
 from cache_writer.l1.listener import _Subscription, cluster_primaries
 
@@ -73,3 +75,33 @@ def test_a_late_copy_of_an_older_switch_does_not_bring_its_signature_back() -> N
     generation.on_message(1, message("a sig-1 fk:{items}:"))  # late, through another primary
     assert l1.put("fk:{items}:1", 1, b"{}", signature="sig-2"), "entries of the active signature come in"
     assert not l1.put("fk:{items}:2", 1, b"{}", signature="sig-1"), "the old signature stays refused"
+
+
+def test_a_cluster_client_that_reaches_no_node_is_retried_not_fatal() -> None:
+    """redis-py's RedisClusterException (no node answers while it learns the slots) is not a RedisError:
+    the listener must back off and try again, not end with the L1 off for good."""
+    from redis.exceptions import RedisClusterException
+
+    from cache_writer.l1 import InvalidationListener
+
+    async def scenario() -> tuple[int, bool]:
+        l1 = _l1()
+        listener = InvalidationListener(None, "fk:invalidations", [l1])  # type: ignore[arg-type]
+        calls = 0
+
+        async def listen() -> None:
+            nonlocal calls
+            calls += 1
+            if calls < 3:
+                raise RedisClusterException("Redis Cluster cannot be connected")
+            await asyncio.sleep(30)
+
+        listener._listen = listen  # type: ignore[method-assign]
+        listener.start()
+        await asyncio.sleep(0.5)
+        alive = listener._task is not None and not listener._task.done()
+        await listener.stop()
+        return calls, alive
+
+    calls, alive = asyncio.run(scenario())
+    assert calls == 3 and alive
