@@ -301,7 +301,11 @@ def test_three_workers_share_the_topic_through_a_kill_a_stop_and_two_joins(scale
         committed.update(committed_offsets(p.kafka, group, p.change_topic))
         return committed == ends
 
-    p.wait(at_the_ends, 30, f"the group's committed offsets to reach the ends {ends} (at {committed})")
+    def stuck() -> str:
+        acked = {n: (p.stats(n) or {}).get("offsets") for n in run.running()}
+        return f"the group's committed offsets to reach {ends} (at {committed}; acked: {acked})"
+
+    p.wait(at_the_ends, 45, stuck)
     verification = p.run_verification(WINDOW_MS)
     report = verification.reports[0]
     announced = run.log.snapshot()

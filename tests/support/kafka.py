@@ -167,8 +167,10 @@ def read_to_end(bootstrap: str, topic: str, *, timeout: float = 30) -> list[Reco
 
 
 def read_records(bootstrap: str, topic: str, *, expect: int, timeout: float = 30) -> list[Record]:
-    """Every message of ``topic`` with its partition and offset, in (partition, offset) order, once at
-    least ``expect`` were read (end offsets are not asked: the test broker under-reports them)."""
+    """Every message of ``topic`` with its partition and offset, in (partition, offset) order: read until
+    at least ``expect`` came and then a fetch brought nothing more (end offsets are not asked: the test
+    broker under-reports them). A producer's retry may have written a change twice, so stopping at
+    ``expect`` could leave a partition's last messages unread."""
 
     async def read() -> list[Record]:
         consumer = AIOKafkaConsumer(
@@ -178,10 +180,12 @@ def read_records(bootstrap: str, topic: str, *, expect: int, timeout: float = 30
         records: list[Record] = []
         deadline = time.monotonic() + timeout
         try:
-            while len(records) < expect and time.monotonic() < deadline:
+            while time.monotonic() < deadline:
                 batch = await consumer.getmany(timeout_ms=500)
                 for messages in batch.values():
                     records.extend(Record(m.partition, m.offset, m.key, m.value or b"") for m in messages)
+                if not batch and len(records) >= expect:
+                    break
         finally:
             await consumer.stop()
         if len(records) < expect:

@@ -217,12 +217,14 @@ class Pipeline:
             if proc.poll() is not None and proc.returncode not in (-9, 0):
                 raise AssertionError(f"{name} exited with {proc.returncode}\n{self.logs()}")
 
-    def wait(self, predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    def wait(self, predicate: Callable[[], bool], timeout: float, what: str | Callable[[], str]) -> None:
+        """Poll ``predicate`` until true; ``what`` (or what it returns, read at the timeout) says what for."""
         deadline = time.monotonic() + timeout
         while not predicate():
             self.check_alive()
             if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}\n{self.logs()}")
+                said = what() if callable(what) else what
+                raise AssertionError(f"timed out waiting for {said}\n{self.logs()}")
             time.sleep(0.05)
 
     def stats(self, name: str = "worker") -> dict[str, Any] | None:
