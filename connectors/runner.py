@@ -43,6 +43,7 @@ from connectors.exceptions import (
     describe,
     retry_cause,
 )
+from connectors.gc_tuning import connector_gc
 from connectors.kafka.producer import ChangeProducer, MessageLimit
 from connectors.kafka.topics import prepare_topics
 from connectors.metrics import CONNECTOR_METRICS, ConnectorMetrics, ConnectorStats
@@ -57,6 +58,10 @@ log = logging.getLogger(__name__)
 STABLE_AFTER_S = 10.0
 """A session reading this long without failing resets the backoff (the next failure waits the initial
 backoff again, and counts as attempt 1)."""
+SERVE_EVERY_S = 0.001
+"""The loop serves delivery reports (ChangeProducer.serve) at most this often, not before every item: on
+a multi-row event each poll of librdkafka found a report or two, at the cost of a report's handling
+(under SERVE_HANDOVER_S, so the background thread still leaves them to this one)."""
 FAILED_FLUSH_S = 2.0
 """How long a failed session waits for outstanding acknowledgements before it drops them."""
 
@@ -197,7 +202,8 @@ class ConnectorRun:
         state = self._connection_state
         self.metrics.connection_states.append(state)
         try:
-            retrying(self.attempt)
+            with connector_gc():
+                retrying(self.attempt)
         except Exception as exc:
             if retry_cause(exc) is None:
                 raise
@@ -331,7 +337,7 @@ class ConnectorRun:
         self, source: BinlogSource, sender: Sender, producer: ChangeProducer, start: BinlogPosition
     ) -> None:
         tracker = sender.tracker
-        last_report = connected_at = time.monotonic()
+        last_report = connected_at = served_at = time.monotonic()
         for item in source:
             now = time.monotonic()
             if not self.connected:
@@ -340,7 +346,9 @@ class ConnectorRun:
                     self.on_ready(start)
             if self.retry.failures and now - connected_at >= STABLE_AFTER_S:
                 self.retry.stable()
-            producer.serve()
+            if now - served_at >= SERVE_EVERY_S:
+                producer.serve()
+                served_at = now
             producer.raise_if_failed()
             if isinstance(item, Tick):
                 self.snapshots.read_to(None)

@@ -165,15 +165,16 @@ def binlog_row_converter(columns: Mapping[str, ColumnType]) -> RowConverter:
     converter_of = converters.get
 
     def convert(values: Mapping[str, object], none_sources: Mapping[str, str] | None) -> dict[str, JsonValue]:
-        result: dict[str, JsonValue] = {}
-        for name, value in values.items():
-            if value is None:
-                # binlog_value: a SET the reader returned as None because it was empty is [].
-                empty = name in sets and none_sources is not None and none_sources.get(name) == EMPTY_SET
-                result[name] = [] if empty else None
-                continue
-            converter = converter_of(name)
-            result[name] = _untyped(value) if converter is None else converter(value)
+        # One comprehension, each column's converter looked up by name (an unknown column: by type).
+        result: dict[str, JsonValue] = {
+            name: None if value is None else converter_of(name, _untyped)(value)
+            for name, value in values.items()
+        }
+        if sets and none_sources:
+            # binlog_value: a SET the reader returned as None because it was empty is [].
+            for name in sets:
+                if name in result and result[name] is None and none_sources.get(name) == EMPTY_SET:
+                    result[name] = []
         return result
 
     return convert
