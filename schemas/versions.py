@@ -26,6 +26,7 @@ Sources (chosen per connector with ``FRESHKEY_CONNECTOR_VERSION_SOURCE`` or per 
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import re
 
 from schemas.errors import InvalidInput
@@ -41,8 +42,12 @@ class VersionError(InvalidInput):
     """A version cannot be computed from the given input."""
 
 
+@functools.lru_cache(maxsize=64)
 def binlog_file_seq(file: str) -> int:
-    """The numeric suffix of a binlog file name (``mysql-bin.000123`` -> 123)."""
+    """The numeric suffix of a binlog file name (``mysql-bin.000123`` -> 123).
+
+    Cached: the connector asks once per rows event, for the few files it reads (a name that has no
+    suffix raises, and is not cached)."""
     match = _FILE_SUFFIX.search(file)
     if match is None:
         raise VersionError(f"binlog file name {file!r} has no numeric suffix")
