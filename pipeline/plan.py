@@ -10,7 +10,8 @@ import datetime as dt
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from cache_writer import CacheAction, entry_key
+from cache_writer import CacheAction
+from cache_writer.layout import namespace_prefix
 from schemas import Binding, ChangeEvent, VersionError, column_version, encode_value, row_key
 from schemas.errors import InvalidInput
 from schemas.versions import MAX_VERSION, datetime_to_us
@@ -33,15 +34,25 @@ def _key_values(binding: Binding, event: ChangeEvent, image: Mapping[str, Any]) 
     columns = binding.key_columns or tuple(event.key)
     values: list[int | str] = []
     for column in columns:
-        value = _column(image, column, "key", event)
-        if value is None or not isinstance(value, int | str) or isinstance(value, bool):
+        value = image[column] if column in image else _column(image, column, "key", event)
+        kind = type(value)
+        if (
+            kind is not int
+            and kind is not str
+            and (  # the common types, without the isinstance calls
+                value is None or not isinstance(value, int | str) or isinstance(value, bool)
+            )
+        ):
             raise BindError(f"key column {column!r} holds {value!r}; a key must be an integer or a string")
         values.append(value)
     return values
 
 
-def _key(binding: Binding, event: ChangeEvent, image: Mapping[str, Any], prefix: str) -> str:
-    return entry_key(prefix, binding.namespace, _key_values(binding, event, image))
+def _row_of(values: list[int | str]) -> str:
+    """``schemas.row_key(values)``; a single integer (the usual primary key) without the general path."""
+    if len(values) == 1 and type(values[0]) is int:
+        return str(values[0])
+    return row_key(values)
 
 
 def image_row_key(binding: Binding, event: ChangeEvent, image: Mapping[str, Any]) -> str:
@@ -55,11 +66,14 @@ def value_columns_of(binding: Binding, image: Mapping[str, Any]) -> tuple[str, .
 
 
 def _value(binding: Binding, event: ChangeEvent, image: Mapping[str, Any]) -> bytes:
-    projected = (
-        image
-        if binding.value_columns is None
-        else {c: _column(image, c, "value", event) for c in binding.value_columns}
-    )
+    columns = binding.value_columns
+    if columns is None:
+        projected = image
+    else:
+        try:
+            projected = {c: image[c] for c in columns}
+        except KeyError:  # the first missing column in order, as _column names it
+            projected = {c: _column(image, c, "value", event) for c in columns}
     try:
         return encode_value(projected)
     except TypeError as exc:  # e.g. an integer beyond 64 bits
@@ -132,8 +146,16 @@ def plan(
     version = event_version(binding, event)
     commit_us, _ = commit_time_us(binding, event)
 
-    def key(image: Mapping[str, Any]) -> str | None:
-        return key_of(image) if key_of is not None else _key(binding, event, image, prefix)
+    key: KeyOf
+    if key_of is None:
+        entries = namespace_prefix(prefix, binding.namespace)  # what entry_key puts before the row key
+
+        def row_entry_key(image: Mapping[str, Any]) -> str:
+            return entries + _row_of(_key_values(binding, event, image))
+
+        key = row_entry_key
+    else:
+        key = key_of
 
     actions: list[CacheAction] = []
     new_key = key(event.after) if event.after is not None else None

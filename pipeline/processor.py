@@ -279,7 +279,9 @@ class ChangeProcessor:
         steps += [(tier, writes) for tier in self.tiers]
         batch = BatchBuilder()
         refused: dict[int, Reject] = {}
-        in_l2: dict[int, set[Outcome]] = {}
+        in_l2: set[int] = set()  # the changes L2 answered an action of
+        applied_in_l2: set[int] = set()  # ... and applied at least one
+        applied, failed = Outcome.APPLIED, Outcome.FAILED
         for tier, group in steps:
             if not group:
                 continue
@@ -289,26 +291,31 @@ class ChangeProcessor:
                     batch.skipped(tier.name, p.binding.namespace)
                 continue
             batch.tier_done(tier.name)
+            primary = tier is self.tiers[0]
+            names: list[str] = []
             for result, (_, p) in zip(results, group, strict=True):
-                outcome = result.outcome.value
-                if result.outcome is Outcome.APPLIED and result.action.kind == "invalidate":
-                    outcome = "tombstoned"
-                elif result.outcome is Outcome.FAILED:
-                    refused.setdefault(
-                        p.index, Reject(p.index, f"apply:{tier.name}", result.error or "failed")
-                    )
-                if tier is self.tiers[0]:
-                    in_l2.setdefault(p.index, set()).add(result.outcome)
-                batch.outcome(tier.name, p.binding.namespace, outcome)
+                outcome = result.outcome
+                if outcome is applied:
+                    names.append("tombstoned" if result.action.kind == "invalidate" else "applied")
+                    if primary:
+                        applied_in_l2.add(p.index)
+                else:
+                    names.append(outcome.value)
+                    if outcome is failed:
+                        refused.setdefault(
+                            p.index, Reject(p.index, f"apply:{tier.name}", result.error or "failed")
+                        )
+                if primary:
+                    in_l2.add(p.index)
+            batch.outcomes_of(tier.name, [p.binding.namespace for _, p in group], names)
         for p in planned:
             if p.index in refused or not p.actions:
                 continue
             # Every change is accounted for once: applied in L2, superseded in its batch, or refused by
             # L2 as not newer (a replay, or overtaken); the refused ones go to the dead-letter topic.
-            outcomes = in_l2.get(p.index)
-            if outcomes is None:
+            if p.index not in in_l2:
                 accounted = "change_superseded"
-            elif Outcome.APPLIED in outcomes:
+            elif p.index in applied_in_l2:
                 accounted = "change_applied"
             else:
                 accounted = "change_not_newer"

@@ -21,6 +21,7 @@ MAX_U32 = 2**32 - 1
 MAX_TS_MS = 253_402_300_799_999
 """9999-12-31T23:59:59.999Z: the last instant of the calendar every database and language can hold."""
 MAX_TS_US = MAX_TS_MS * 1000 + 999
+_MISSING: Any = object()
 
 
 class FrozenModel(BaseModel):
@@ -85,16 +86,17 @@ class ChangeEvent(FrozenModel):
             raise ValueError(f"op {self.op!r} {'needs' if needs_before else 'must not have'} a before image")
         if needs_after != (self.after is not None):
             raise ValueError(f"op {self.op!r} {'needs' if needs_after else 'must not have'} an after image")
-        for image_name in ("before", "after"):
-            image = getattr(self, image_name)
+        key = self.key
+        for image_name, image in (("before", self.before), ("after", self.after)):
             if image is None:
                 continue
-            for column, value in self.key.items():
-                if column not in image:
+            for column, value in key.items():
+                held = image.get(column, _MISSING)
+                if held is _MISSING:
                     raise ValueError(f"primary key column {column!r} missing from the {image_name} image")
-                if image[column] != value:
+                if held != value:
                     raise ValueError(
-                        f"primary key column {column!r} is {image[column]!r} in the {image_name} image "
+                        f"primary key column {column!r} is {held!r} in the {image_name} image "
                         f"but {value!r} in the key"
                     )
         return self

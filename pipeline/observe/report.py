@@ -8,6 +8,7 @@ import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 
 import numpy as np
 
@@ -92,6 +93,14 @@ class BatchBuilder:
         """One action's outcome in ``tier``, in the order the actions were sent."""
         self.tier_outcomes.setdefault(tier, []).append(outcome)
         self.outcomes[(tier, namespace, outcome)] += 1
+
+    def outcomes_of(self, tier: str, namespaces: Sequence[str], outcomes: Sequence[str]) -> None:
+        """:meth:`outcome` for each action of one tier's answer at once: ``namespaces[i]`` and
+        ``outcomes[i]`` are the i-th action's, in the order the actions were sent."""
+        if len(namespaces) != len(outcomes):
+            raise ValueError("one namespace per outcome")
+        self.tier_outcomes.setdefault(tier, []).extend(outcomes)
+        self.outcomes.update(zip(repeat(tier), namespaces, outcomes, strict=False))
 
     def skipped(self, tier: str, namespace: str, count: int = 1) -> None:
         """Actions not sent to ``tier``: it is fenced."""
