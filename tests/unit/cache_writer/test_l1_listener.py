@@ -98,7 +98,13 @@ def test_a_cluster_client_that_reaches_no_node_is_retried_not_fatal() -> None:
 
         listener._listen = listen  # type: ignore[method-assign]
         listener.start()
-        await asyncio.sleep(0.5)
+        # Poll with a generous deadline rather than one fixed sleep: under a loaded CI machine the
+        # listener's backoff can take longer than a tight sleep would allow.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 15.0
+        while calls < 3 and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.05)  # the third call has started; the task must still be running
         alive = listener._task is not None and not listener._task.done()
         await listener.stop()
         return calls, alive
