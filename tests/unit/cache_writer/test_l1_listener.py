@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from cache_writer.l1 import L1Cache
 from cache_writer.l1.listener import _Subscription, cluster_primaries
@@ -88,22 +89,22 @@ def test_a_cluster_client_that_reaches_no_node_is_retried_not_fatal() -> None:
         l1 = _l1()
         listener = InvalidationListener(None, "fk:invalidations", [l1])  # type: ignore[arg-type]
         calls = 0
+        third = asyncio.Event()
 
         async def listen() -> None:
             nonlocal calls
             calls += 1
             if calls < 3:
                 raise RedisClusterException("Redis Cluster cannot be connected")
+            third.set()
             await asyncio.sleep(30)
 
         listener._listen = listen  # type: ignore[method-assign]
         listener.start()
-        # Poll with a generous deadline rather than one fixed sleep: under a loaded CI machine the
-        # listener's backoff can take longer than a tight sleep would allow.
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 15.0
-        while calls < 3 and loop.time() < deadline:
-            await asyncio.sleep(0.02)
+        # Wait for the third attempt with a generous deadline rather than one fixed sleep: under a
+        # loaded CI machine the listener's backoff can take longer than a tight sleep would allow.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(third.wait(), 15.0)
         await asyncio.sleep(0.05)  # the third call has started; the task must still be running
         alive = listener._task is not None and not listener._task.done()
         await listener.stop()
