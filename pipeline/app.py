@@ -116,6 +116,7 @@ def create_app(settings: AllSettings, bindings: Bindings) -> Worker:
     app = FreshkeyApp(
         worker.app_id,
         fetch_max_wait_ms=worker.fetch_max_wait_ms,
+        fetch_min_bytes=worker.fetch_min_bytes,
         broker=f"kafka://{kafka.bootstrap}",
         broker_credentials=faust_credentials(kafka),
         value_serializer="raw",

@@ -109,6 +109,7 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
     def _create_worker_consumer(self, transport: Any) -> Any:
         consumer = super()._create_worker_consumer(transport)
         consumer._fetch_max_wait_ms = self.app.fetch_max_wait_ms  # type: ignore[attr-defined]
+        consumer._fetch_min_bytes = self.app.fetch_min_bytes  # type: ignore[attr-defined]
         return consumer
 
 
@@ -203,11 +204,15 @@ class PromptTableManager(TableManager):
 
 
 class FreshkeyApp(faust.App):
-    """faust.App with a configurable consumer fetch wait (``kafka://`` brokers only), an optional
-    :class:`Intake` for one set of topics (:meth:`use_intake`) and a :class:`PromptTableManager`."""
+    """faust.App with a configurable consumer fetch wait and fetch minimum (``kafka://`` brokers only),
+    an optional :class:`Intake` for one set of topics (:meth:`use_intake`) and a
+    :class:`PromptTableManager`."""
 
-    def __init__(self, *args: Any, fetch_max_wait_ms: int = 10, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, fetch_max_wait_ms: int = 10, fetch_min_bytes: int = 1, **kwargs: Any
+    ) -> None:
         self.fetch_max_wait_ms = fetch_max_wait_ms
+        self.fetch_min_bytes = fetch_min_bytes
         self.intake: Intake | None = None
         kwargs.setdefault("TableManager", PromptTableManager)
         super().__init__(*args, **kwargs)

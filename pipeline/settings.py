@@ -43,6 +43,14 @@ class WorkerSettings(BaseSettings):
     fetch_max_wait_ms: int = Field(
         10, ge=1, le=30_000, description="Longest a Kafka fetch waits for data (latency vs idle requests)."
     )
+    fetch_min_bytes: int = Field(
+        1,
+        ge=1,
+        le=52_428_800,
+        description="Bytes a Kafka fetch waits for (at most fetch_max_wait_ms) before the broker answers: "
+        "1 answers at the first change; more gives fewer, fuller fetches for less worker CPU at a "
+        "steady low rate, each change waiting up to fetch_max_wait_ms longer.",
+    )
     fence_after_s: float | None = Field(
         None,
         gt=0,
