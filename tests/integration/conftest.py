@@ -20,12 +20,34 @@ from tests.support.pipeline import Pipeline
 from tests.support.services import MySQLService
 
 RERUNS = 1
+RERUN_REPORT_LINES = 60
+"""How much of each failed first attempt the summary prints (its last lines: the assertion and what the
+test printed last), so that a CI log says why a test needed its rerun."""
+
+_reruns: list[pytest.TestReport] = []
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "tests/integration/" in item.nodeid.replace("\\", "/"):
             item.add_marker(pytest.mark.flaky(reruns=RERUNS, reruns_delay=2))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.outcome == "rerun":  # pytest-rerunfailures' outcome of a failed attempt it runs again
+        _reruns.append(report)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not _reruns:
+        return
+    terminalreporter.section("why integration tests were rerun", sep="-")
+    for report in _reruns:
+        text = report.longreprtext.rstrip().splitlines()
+        captured = [line for _, content in report.sections for line in content.rstrip().splitlines()]
+        terminalreporter.write_line(f"RERUN {report.nodeid} ({report.when}):")
+        for line in [*text[-RERUN_REPORT_LINES:], *captured[-20:]]:
+            terminalreporter.write_line(f"    {line}")
 
 
 @pytest.fixture
