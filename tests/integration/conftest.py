@@ -21,8 +21,9 @@ from tests.support.services import MySQLService
 
 RERUNS = 1
 RERUN_REPORT_LINES = 60
-"""How much of each failed first attempt the summary prints (its last lines: the assertion and what the
-test printed last), so that a CI log says why a test needed its rerun."""
+RERUN_CAPTURED_LINES = 20
+"""How much of each failed first attempt the summary prints: the last lines of its failure and of what it
+captured (output, logs), so that a CI log says why a test needed its rerun."""
 
 _reruns: list[pytest.TestReport] = []
 
@@ -46,7 +47,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         text = report.longreprtext.rstrip().splitlines()
         captured = [line for _, content in report.sections for line in content.rstrip().splitlines()]
         terminalreporter.write_line(f"RERUN {report.nodeid} ({report.when}):")
-        for line in [*text[-RERUN_REPORT_LINES:], *captured[-20:]]:
+        for line in [*text[-RERUN_REPORT_LINES:], *captured[-RERUN_CAPTURED_LINES:]]:
             terminalreporter.write_line(f"    {line}")
 
 
