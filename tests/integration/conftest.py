@@ -47,6 +47,10 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         text = report.longreprtext.rstrip().splitlines()
         captured = [line for _, content in report.sections for line in content.rstrip().splitlines()]
         terminalreporter.write_line(f"RERUN {report.nodeid} ({report.when}):")
+        crash = getattr(report.longrepr, "reprcrash", None)  # the error's own message, before any logs
+        if crash is not None:
+            for line in crash.message.splitlines()[:RERUN_CAPTURED_LINES]:
+                terminalreporter.write_line(f"  ! {line}")
         for line in [*text[-RERUN_REPORT_LINES:], *captured[-RERUN_CAPTURED_LINES:]]:
             terminalreporter.write_line(f"    {line}")
 
