@@ -319,10 +319,10 @@ class ThreadedInvalidationListener:
             except TopologyChanged:
                 client.nodes_manager.initialize()
                 nodes = _resolve(client, primaries)
-            pubsubs = [client.pubsub(node=node) for node in nodes]  # type: ignore[no-untyped-call]
+            pubsubs: list[Any] = [client.pubsub(node=node) for node in nodes]  # type: ignore[no-untyped-call,unused-ignore]
             self.primaries = primaries
         else:
-            pubsubs = [client.pubsub()]  # type: ignore[no-untyped-call]
+            pubsubs = [client.pubsub()]  # type: ignore[no-untyped-call,unused-ignore]
         subscription = _Subscription(self._caches, len(pubsubs))
         errors: list[BaseException] = []
         readers = [
