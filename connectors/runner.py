@@ -264,7 +264,10 @@ class ConnectorRun:
         start = state.position
         tracker = CheckpointTracker(start)
         producer = ChangeProducer(
-            self.kafka, delivery_timeout_s=self.connector.delivery_timeout_s, limit=self.limit
+            self.kafka,
+            linger_ms=self.connector.linger_ms,
+            delivery_timeout_s=self.connector.delivery_timeout_s,
+            limit=self.limit,
         )
         sender = Sender(self.kafka, self.limit, tracker, producer, stats=self.stats, metrics=self.metrics)
         saver = CheckpointSaver(
@@ -356,6 +359,8 @@ class ConnectorRun:
                 tracker.boundary(item.position)
                 self.stats.transactions += 1
                 self.snapshots.read_to(item.position)
+                if source.caught_up():  # nothing more to batch with: send now, not after the linger
+                    producer.push()
             elif isinstance(item, ChangeEvent) and item.table == self.snapshots.table:
                 # A snapshot chunk's rows go out at its high watermark, in binlog order.
                 for row in self.snapshots.on_signal(item):

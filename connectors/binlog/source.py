@@ -37,7 +37,7 @@ from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, Write
 
 from connectors.binlog.ddl import mentioned_databases, statement_kind, translate_ddl
 from connectors.binlog.positions import ER_MASTER_FATAL_ERROR_READING_BINLOG, binary_logs, refusal_error
-from connectors.binlog.tablemaps import TableMapGuard
+from connectors.binlog.tablemaps import DumpConnection, TableMapGuard
 from connectors.binlog.translate import (
     EventOrigin,
     RowsEvent,
@@ -246,6 +246,12 @@ class BinlogSource:
         converter = binlog_row_converter(types)
         self._types[table] = (event.columns, types, converter)
         return types, converter
+
+    def caught_up(self) -> bool:
+        """True when the binlog has nothing more to read now (the next event is not written yet): the
+        moment to send what waits for a batch (:meth:`ChangeProducer.push`)."""
+        connection = getattr(self._stream, "_stream_connection", None)
+        return isinstance(connection, DumpConnection) and connection.caught_up()
 
     def _forget_types(self, schema: str, query: str) -> None:
         """After DDL, read information_schema again for the tables it may concern."""

@@ -17,6 +17,7 @@ is always what it would have parsed.
 
 from __future__ import annotations
 
+import ssl
 from typing import Any
 
 from pymysql.connections import Connection
@@ -95,6 +96,26 @@ class DumpConnection(Connection):
         if len(data) > 4 and data[4] in _COM_BINLOG_DUMPS:
             self._dumping = True
         super()._write_bytes(data)
+
+    def caught_up(self) -> bool:
+        """True when the next read would wait for the server: no byte buffered, none on the socket.
+
+        A non-blocking peek (about 1 µs here): the reader's buffer answers without a system call when it
+        holds bytes; else one ``recv`` that finds nothing (or fills the buffer). A socket error is not
+        "caught up": the next read raises it where the session handles it."""
+        sock, rfile = self._sock, self._rfile
+        if sock is None or rfile is None:
+            return False
+        timeout = sock.gettimeout()
+        sock.setblocking(False)
+        try:
+            return not rfile.peek(1)
+        except ssl.SSLWantReadError:  # TLS: no whole record waiting
+            return True
+        except OSError:
+            return False
+        finally:
+            sock.settimeout(timeout)
 
     def _read_packet(self, packet_type: Any = MysqlPacket) -> Any:
         packet = super()._read_packet(packet_type)

@@ -34,7 +34,7 @@ from connectors.exceptions import (
 )
 from connectors.kafka.librdkafka import LIBRDKAFKA_LOGGER
 from connectors.kafka.security import librdkafka_config
-from connectors.settings import KafkaSettings
+from connectors.settings import LINGER_MS, KafkaSettings
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,8 @@ SERVE_HANDOVER_S = 0.005
 """The background thread serves delivery reports (and client errors) once the caller's thread has not
 served them (:meth:`ChangeProducer.serve`) for this long: at most this much later than it would have
 served them itself."""
+PUSH_WAIT_S = 0.001
+"""How long :meth:`ChangeProducer.push` lets librdkafka's broker threads see the flush (see there)."""
 UNREACHABLE_AFTER_S = 5.0
 """Events waiting this long without any acknowledgement while librdkafka reports the brokers
 unreachable end the session (rather than waiting for the delivery timeout)."""
@@ -95,7 +97,7 @@ class ChangeProducer:
         self,
         settings: KafkaSettings,
         *,
-        linger_ms: float = 2.0,
+        linger_ms: float = LINGER_MS,
         delivery_timeout_s: float = 120.0,
         limit: MessageLimit | None = None,
     ) -> None:
@@ -246,6 +248,22 @@ class ChangeProducer:
                     on_too_large()
                     return
                 raise
+
+    def push(self) -> None:
+        """Send the messages that wait for their batch now, whatever ``linger.ms``: the caller has nothing
+        more to add for the moment (the binlog is read to its end), and waiting would only add lag.
+
+        librdkafka's ``flush()`` is what ignores the linger, and only while it runs: a ``flush(0)`` that
+        returns before a broker thread woke leaves the batch to its linger (measured here: every one of
+        300 messages waited the full 10 ms). So it waits up to :data:`PUSH_WAIT_S` (the acknowledgements
+        at most; 0.25 ms p50 here), serving delivery reports on this thread meanwhile."""
+        if len(self._producer) == 0:
+            return
+        self._served_at = time.monotonic()
+        try:
+            self._producer.flush(PUSH_WAIT_S)
+        except KafkaException as exc:  # a fatal error is raised from flush() as from poll()
+            self._fail(DeliveryError(f"the Kafka producer failed: {exc.args[0] if exc.args else exc}"))
 
     def raise_if_failed(self) -> None:
         """Send the replacements of messages the broker found too large, then raise a kept failure."""

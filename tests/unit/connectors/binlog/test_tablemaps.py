@@ -6,6 +6,7 @@ No server: the guard is given the bodies of TABLE_MAP events (and whole event pa
 
 from __future__ import annotations
 
+import socket
 import struct
 import zlib
 from types import SimpleNamespace
@@ -142,3 +143,28 @@ def test_the_checksum_is_known_from_the_statement_that_asks_for_it(monkeypatch: 
     assert not conn._checksum
     conn.query("SET @master_binlog_checksum= @@global.binlog_checksum")
     assert conn._checksum
+
+
+def test_caught_up_says_whether_the_next_read_would_wait() -> None:
+    """Nothing on the socket: caught up. Bytes on the socket, or bytes the reader buffered while the
+    socket is empty: not. The socket's timeout is what it was (pymysql's read timeout)."""
+    connection = DumpConnection(TableMapGuard(), defer_connect=True)
+    assert not connection.caught_up(), "not connected: nothing to tell"
+    ours, server = socket.socketpair()
+    try:
+        ours.settimeout(30.0)
+        connection._sock, connection._rfile = ours, ours.makefile("rb")
+        assert connection.caught_up()
+        server.sendall(b"0123456789")
+        assert not connection.caught_up(), "bytes wait on the socket"
+        assert connection._rfile.read(4) == b"0123"
+        assert not connection.caught_up(), "bytes wait in the reader's buffer, none on the socket"
+        assert connection._rfile.read(6) == b"456789"
+        assert connection.caught_up()
+        assert ours.gettimeout() == 30.0
+        server.sendall(b"ab")
+        assert connection._rfile.read(2) == b"ab", "a blocking read still reads"
+    finally:
+        connection._rfile = connection._sock = None
+        ours.close()
+        server.close()
