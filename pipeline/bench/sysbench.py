@@ -124,7 +124,7 @@ class _Run:
             partitions=config.partitions,
             first_id=1,
         )
-        self.progress.step(f"sysbench run: {config.threads} threads, {config.time_s} s, unthrottled")
+        self.progress.step(f"sysbench run: {config.threads} threads, {config.time_s} s, {config.pace}")
         run = self._run(connector, worker)
         self.progress.step("waiting for freshkey to catch up")
         catch_up = self._catch_up(connector, worker, sentinels, run)

@@ -125,9 +125,11 @@ def render(report: dict[str, Any], console: Any) -> None:
     from rich.table import Table
 
     config, sysbench, end = report["config"], report["sysbench"], report["at_sysbench_end"]
+    rate = config.get("rate", 0)
+    pace = f"throttled to {rate:,} tps" if rate else "unthrottled"
     table = Table(
         title=f"freshkey bench sysbench: oltp_write_only, {config['threads']} threads, {config['time_s']} s "
-        f"unthrottled, {config['tables']} x {config['table_size']:,} rows"
+        f"{pace}, {config['tables']} x {config['table_size']:,} rows"
     )
     table.add_column("figure")
     table.add_column("value", justify="right")

@@ -30,6 +30,8 @@ class SysbenchConfig:
     tables: int = 4
     table_size: int = 10_000
     partitions: int = 4
+    rate: int = 0
+    """sysbench's ``--rate``: transactions per second it aims at; 0 (the issue's run) is unthrottled."""
     timeout_s: float = 600.0
     window_ms: float = 1500.0
 
@@ -37,6 +39,13 @@ class SysbenchConfig:
         """ValueError saying which option to change."""
         if min(self.time_s, self.threads, self.tables, self.table_size, self.partitions) < 1:
             raise ValueError("--time, --threads, --tables, --table-size and --partitions must be at least 1")
+        if self.rate < 0:
+            raise ValueError("--rate must be 0 (unthrottled) or a number of transactions per second")
+
+    @property
+    def pace(self) -> str:
+        """How sysbench is paced, in words."""
+        return f"throttled to {self.rate:,} tps" if self.rate else "unthrottled"
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -72,7 +81,8 @@ def parse_sysbench(text: str) -> dict[str, float]:
 
 
 def sysbench_args(binary: str, config: SysbenchConfig, db: LocalMariaDB, command: str) -> list[str]:
-    """``sysbench oltp_write_only <command>`` against ``db`` as its admin, unthrottled."""
+    """``sysbench oltp_write_only <command>`` against ``db`` as its admin, at ``config.rate`` (0:
+    unthrottled)."""
     return [
         binary,
         "oltp_write_only",
@@ -86,7 +96,7 @@ def sysbench_args(binary: str, config: SysbenchConfig, db: LocalMariaDB, command
         f"--table-size={config.table_size}",
         f"--threads={config.threads}",
         f"--time={config.time_s}",
-        "--rate=0",
+        f"--rate={config.rate}",
         "--report-interval=10",
         command,
     ]

@@ -243,8 +243,16 @@ def pipeline_bench(
 
 @bench_app.command("sysbench")
 def sysbench_bench(
-    time_s: Annotated[int, typer.Option("--time", min=1, help="Seconds sysbench runs, unthrottled.")] = 60,
+    time_s: Annotated[int, typer.Option("--time", min=1, help="Seconds sysbench runs.")] = 60,
     threads: Annotated[int, typer.Option("--threads", min=1, help="sysbench threads.")] = 4,
+    rate: Annotated[
+        int,
+        typer.Option(
+            "--rate",
+            min=0,
+            help="Transactions per second sysbench aims at (its --rate); 0: unthrottled, the issue's run.",
+        ),
+    ] = 0,
     tables: Annotated[int, typer.Option("--tables", min=1, help="sbtest tables.")] = 4,
     table_size: Annotated[int, typer.Option("--table-size", min=1, help="Rows per sbtest table.")] = 10_000,
     partitions: Annotated[int, typer.Option("--partitions", min=1, help="Partitions of the topic.")] = 4,
@@ -257,10 +265,10 @@ def sysbench_bench(
         float, typer.Option("--timeout", min=1, help="Longest wait for any one step, seconds.")
     ] = 600.0,
 ) -> None:
-    """sysbench oltp_write_only, unthrottled, against the private MariaDB while a connector and a worker
-    follow it: tps, row changes/s, how far behind freshkey is when sysbench ends and how long until it
-    caught up, lag percentiles, CPU per process, then freshkey verify. Needs sysbench (Debian: apt-get
-    install sysbench); see :mod:`pipeline.bench.sysbench`."""
+    """sysbench oltp_write_only, unthrottled (or at --rate), against the private MariaDB while a
+    connector and a worker follow it: tps, row changes/s, how far behind freshkey is when sysbench ends
+    and how long until it caught up, lag percentiles, CPU per process, then freshkey verify. Needs
+    sysbench (Debian: apt-get install sysbench); see :mod:`pipeline.bench.sysbench`."""
     from pipeline.bench.sysbench import SysbenchBench
     from pipeline.bench.sysbench_report import render
     from pipeline.bench.sysbench_tool import SysbenchConfig
@@ -271,6 +279,7 @@ def sysbench_bench(
         tables=tables,
         table_size=table_size,
         partitions=partitions,
+        rate=rate,
         timeout_s=timeout_s,
     )
     try:

@@ -4,11 +4,18 @@ sysbench is not installed."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from pipeline.bench.config import BenchError
-from pipeline.bench.sysbench_tool import ROWS_PER_TRANSACTION, parse_sysbench, sysbench_binary
+from pipeline.bench.sysbench_tool import (
+    ROWS_PER_TRANSACTION,
+    SysbenchConfig,
+    parse_sysbench,
+    sysbench_args,
+    sysbench_binary,
+)
 
 # The end of a real `sysbench 1.0.20 oltp_write_only ... run` (4 threads, 5 s) on the private MariaDB.
 REPORT = """
@@ -70,3 +77,15 @@ def test_without_sysbench_the_error_says_how_to_install_it(
 
     with pytest.raises(BenchError, match=r"sysbench not found .*apt-get install -y sysbench"):
         sysbench_binary()
+
+
+def test_rate_reaches_sysbench_and_a_negative_one_is_refused() -> None:
+    db = SimpleNamespace(host="127.0.0.1", port=3306, admin_user="root", admin_password="pw")
+    unthrottled = sysbench_args("sysbench", SysbenchConfig(), db, "run")  # type: ignore[arg-type]
+    assert "--rate=0" in unthrottled
+    throttled = sysbench_args("sysbench", SysbenchConfig(rate=1500), db, "run")  # type: ignore[arg-type]
+    assert "--rate=1500" in throttled and "--rate=0" not in throttled
+    assert SysbenchConfig(rate=1500).pace == "throttled to 1,500 tps"
+    assert SysbenchConfig().pace == "unthrottled"
+    with pytest.raises(ValueError, match="--rate"):
+        SysbenchConfig(rate=-1).check()
