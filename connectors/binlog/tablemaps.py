@@ -17,6 +17,8 @@ is always what it would have parsed.
 
 from __future__ import annotations
 
+import io
+import select
 import ssl
 from typing import Any
 
@@ -75,6 +77,32 @@ class TableMapGuard:
             self._bodies = {t: b for t, b in self._bodies.items() if t in table_map or t == table_id}
 
 
+class _CountingReader(io.RawIOBase):
+    """A socket's raw reader that counts the bytes it brought in (:meth:`DumpConnection.caught_up`)."""
+
+    def __init__(self, raw: Any, fd: int) -> None:
+        super().__init__()
+        self._raw = raw
+        self.filled = 0
+        self.poll = select.poll()
+        """Readable or not, at once (``poll(0)``), whatever the socket's timeout."""
+        self.poll.register(fd, select.POLLIN)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int | None:
+        n: int | None = self._raw.readinto(buffer)
+        if n:
+            self.filled += n
+        return n
+
+    def close(self) -> None:
+        if not self.closed:
+            self._raw.close()
+        super().close()
+
+
 class DumpConnection(Connection):
     """A pymysql connection that shows its guard every TABLE_MAP event it reads from a binlog dump."""
 
@@ -83,6 +111,8 @@ class DumpConnection(Connection):
         self._guard = guard
         self._dumping = False
         self._checksum = False
+        self._counting: _CountingReader | None = None
+        self._consumed = 0
         super().__init__(**kwargs)
 
     def query(self, sql: Any, unbuffered: bool = False) -> int:
@@ -95,17 +125,44 @@ class DumpConnection(Connection):
     def _write_bytes(self, data: bytes) -> None:
         if len(data) > 4 and data[4] in _COM_BINLOG_DUMPS:
             self._dumping = True
+            self._count_reads()
         super()._write_bytes(data)
+
+    def _count_reads(self) -> None:
+        """Read the dump through a reader that counts what it takes from the socket (plain TCP only).
+
+        Called just before the dump command is sent: every earlier answer has been read in full (the
+        server speaks only when asked), so the reader it replaces holds no byte."""
+        sock = self._sock
+        rfile: Any = getattr(self, "_rfile", None)
+        if sock is None or isinstance(sock, ssl.SSLSocket) or rfile is None:
+            return
+        counting = _CountingReader(sock.makefile("rb", buffering=0), sock.fileno())
+        rfile.close()
+        self._rfile = io.BufferedReader(counting)
+        self._counting, self._consumed = counting, 0
 
     def caught_up(self) -> bool:
         """True when the next read would wait for the server: no byte buffered, none on the socket.
 
-        A non-blocking peek (about 1 µs here): the reader's buffer answers without a system call when it
-        holds bytes; else one ``recv`` that finds nothing (or fills the buffer). A socket error is not
-        "caught up": the next read raises it where the session handles it."""
-        sock, rfile = self._sock, self._rfile
+        On a plain connection the dump's reader counts what it took from the socket and
+        :meth:`_read_bytes` what pymysql consumed, so buffered bytes answer "no" without a system call;
+        only an empty buffer costs one ``poll`` of the socket (a ``recv`` would first wait out the
+        socket's timeout). A system call lets another thread take the GIL (the producer's delivery
+        thread), so the connector asks after every transaction without paying for it while it reads a
+        backlog. On TLS a non-blocking peek of the reader answers (three system calls). A socket error
+        is not "caught up": the next read raises it where the session handles it."""
+        sock, counting = self._sock, self._counting
+        rfile: Any = getattr(self, "_rfile", None)  # pymysql leaves it untyped
         if sock is None or rfile is None:
             return False
+        if counting is not None:
+            if counting.filled > self._consumed:
+                return False
+            try:
+                return not counting.poll.poll(0)  # readable: a byte, the end, or an error to read
+            except OSError:
+                return False
         timeout = sock.gettimeout()
         sock.setblocking(False)
         try:
@@ -116,6 +173,11 @@ class DumpConnection(Connection):
             return False
         finally:
             sock.settimeout(timeout)
+
+    def _read_bytes(self, num_bytes: int) -> bytes:
+        data: bytes = super()._read_bytes(num_bytes)
+        self._consumed += num_bytes
+        return data
 
     def _read_packet(self, packet_type: Any = MysqlPacket) -> Any:
         packet = super()._read_packet(packet_type)

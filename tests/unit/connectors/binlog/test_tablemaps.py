@@ -145,26 +145,40 @@ def test_the_checksum_is_known_from_the_statement_that_asks_for_it(monkeypatch: 
     assert conn._checksum
 
 
-def test_caught_up_says_whether_the_next_read_would_wait() -> None:
+@pytest.mark.parametrize("dumping", [True, False], ids=["counted", "peeked"])
+def test_caught_up_says_whether_the_next_read_would_wait(dumping: bool) -> None:
     """Nothing on the socket: caught up. Bytes on the socket, or bytes the reader buffered while the
-    socket is empty: not. The socket's timeout is what it was (pymysql's read timeout)."""
+    socket is empty: not. Once the dump command is sent the reader counts what it took (no system call
+    while bytes are buffered); before it (and on TLS) a non-blocking peek answers. pymysql's reads are
+    unchanged and the socket's timeout is what it was (its read timeout)."""
     connection = DumpConnection(TableMapGuard(), defer_connect=True)
     assert not connection.caught_up(), "not connected: nothing to tell"
     ours, server = socket.socketpair()
     try:
         ours.settimeout(30.0)
         connection._sock, connection._rfile = ours, ours.makefile("rb")
+        connection._current_timeout = connection._write_timeout = 30.0  # as connect() leaves them
+        if dumping:
+            dump = bytes([0x12]) + b"\x04\x00\x00\x00\x00\x00\x01\x00\x00\x00"
+            connection._write_bytes(len(dump).to_bytes(3, "little") + b"\x00" + dump)
+            assert server.recv(100).endswith(dump), "the command reached the server"
+            assert connection._counting is not None
+        else:
+            assert connection._counting is None
         assert connection.caught_up()
         server.sendall(b"0123456789")
         assert not connection.caught_up(), "bytes wait on the socket"
-        assert connection._rfile.read(4) == b"0123"
+        assert connection._read_bytes(4) == b"0123"
         assert not connection.caught_up(), "bytes wait in the reader's buffer, none on the socket"
-        assert connection._rfile.read(6) == b"456789"
+        assert connection._read_bytes(6) == b"456789"
         assert connection.caught_up()
         assert ours.gettimeout() == 30.0
         server.sendall(b"ab")
-        assert connection._rfile.read(2) == b"ab", "a blocking read still reads"
+        assert connection._read_bytes(2) == b"ab", "a blocking read still reads"
+        server.close()
+        if dumping:  # (a peek cannot tell the end from "nothing yet"; the next read raises either way)
+            assert not connection.caught_up(), "the server closed: the next read raises, not waits"
     finally:
-        connection._rfile = connection._sock = None
-        ours.close()
+        connection._force_close()
+        assert ours.fileno() == -1, "closing the connection closed its socket"
         server.close()
