@@ -8,6 +8,8 @@ import sys
 import time
 from collections.abc import Sequence
 
+from tests.support.processes import interruptible
+
 DEMO = [sys.executable, "-m", "pipeline", "demo"]
 SERVING = "change a row, then watch the dashboard"
 """The last line ``freshkey demo --serve`` prints before it serves (its URLs are above it)."""
@@ -23,6 +25,7 @@ def start_demo(args: Sequence[str], until: str, timeout_s: float = 150) -> tuple
         stderr=subprocess.STDOUT,
         text=True,
         env={**os.environ, "COLUMNS": "200"},
+        preexec_fn=interruptible(),  # the tests send it Ctrl-C
     )
     assert proc.stdout is not None
     lines: list[str] = []

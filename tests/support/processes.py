@@ -11,10 +11,11 @@ may take a moment to be reaped).
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from pipeline.demo.catchup import fetch_stats
@@ -56,6 +57,24 @@ def gone(pid: int, within: float = 5.0) -> bool:
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.05)
+
+
+def interruptible() -> Callable[[], None]:
+    """A ``preexec_fn`` for a child a test sends Ctrl-C (SIGINT): its SIGINT back to the default, and the
+    child killed by the kernel when this process dies (as :func:`preexec_die_with_parent`).
+
+    A shell that starts the test run in the background (``(make test &)``) leaves SIGINT ignored in every
+    process under it, and Python started with SIGINT ignored keeps it so: no KeyboardInterrupt, and a
+    Ctrl-C test then fails for its harness, not for the code (seen in a clean-clone run started that
+    way: ``freshkey snapshot`` ran to the end instead of cancelling)."""
+    die = preexec_die_with_parent()
+
+    def run() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        if die is not None:
+            die()
+
+    return run
 
 
 def start_freshkey(args: Sequence[str], env: Mapping[str, str], log_path: Path) -> subprocess.Popen[bytes]:

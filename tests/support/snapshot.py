@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from connectors.snapshot.signals import SignalTable
-from pipeline.embedded import preexec_die_with_parent
 from tests.support.pipeline import Pipeline
+from tests.support.processes import interruptible
 from tests.support.services import MySQLService
 
 HOT_EVERY = 150
@@ -127,7 +127,7 @@ def start_command(p: Pipeline, *args: str, name: str = "snapshot") -> tuple[subp
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            preexec_fn=preexec_die_with_parent(),
+            preexec_fn=interruptible(),  # the tests send it Ctrl-C
         )
     return proc, log
 
