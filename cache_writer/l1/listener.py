@@ -31,6 +31,10 @@ from cache_writer.layout import parse_entry_key
 
 log = logging.getLogger(__name__)
 
+STOP_WAIT_S = 5.0
+"""Longest :meth:`InvalidationListener.stop` waits for the cancelled listener (the threaded one joins
+as long)."""
+
 
 def parse_signature_broadcast(message: bytes | str) -> tuple[str, str] | None:
     """``a <signature> <namespace prefix>`` -> (namespace prefix, signature); None for other messages."""
@@ -175,10 +179,21 @@ class InvalidationListener:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="l1-invalidations")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        """Cancel the listener and wait for it, at most :data:`STOP_WAIT_S` (as the threaded listener's
+        join): a Redis call that does not give way to the cancel (a connection to a node that went
+        silent) must not hold up the application's shutdown. The caches stop serving either way."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            done, _ = await asyncio.wait({task}, timeout=STOP_WAIT_S)
+            if not done:
+                log.warning(
+                    "the L1 invalidation listener did not stop within %.0f s of its cancel (a Redis call "
+                    "that ignores it); left to end on its own",
+                    STOP_WAIT_S,
+                )
+            elif not task.cancelled() and task.exception() is not None:
+                log.warning("the L1 invalidation listener ended with %r", task.exception())
         mark(self._caches, healthy=False)
 
     async def _run(self) -> None:

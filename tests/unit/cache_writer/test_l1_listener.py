@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
+
+import pytest
 
 from cache_writer.l1 import L1Cache
-from cache_writer.l1.listener import _Subscription, cluster_primaries
+from cache_writer.l1 import listener as listener_module
+from cache_writer.l1.listener import InvalidationListener, _Subscription, cluster_primaries
 
 SIGNATURE = "a sig-2 fk:{items}:"
 
@@ -112,3 +116,56 @@ def test_a_cluster_client_that_reaches_no_node_is_retried_not_fatal() -> None:
 
     calls, alive = asyncio.run(scenario())
     assert calls == 3 and alive
+
+
+class _Stubborn:
+    """A stand-in client whose subscribe never returns and ignores cancels until ``release`` is set (as a
+    call on a connection to a node that went silent may)."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.cancels = 0
+
+    def pubsub(self) -> _Stubborn:
+        return self
+
+    async def subscribe(self, channel: str) -> None:
+        while True:
+            try:
+                await asyncio.sleep(10)
+            except asyncio.CancelledError:
+                self.cancels += 1
+                if self.release.is_set():
+                    raise
+
+    async def aclose(self) -> None:
+        return None
+
+
+def test_stop_is_bounded_when_the_listener_ignores_its_cancel(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(listener_module, "STOP_WAIT_S", 0.2, raising=False)
+    l1 = _l1()
+
+    async def scenario() -> float:
+        client = _Stubborn()
+        listener = InvalidationListener(client, "fk:invalidations", [l1])  # type: ignore[arg-type]
+        listener.start()
+        task = listener._task
+        assert task is not None
+        await asyncio.sleep(0.05)  # the listener is in subscribe()
+        started = time.monotonic()
+        await listener.stop()
+        took = time.monotonic() - started
+        assert client.cancels >= 1 and not task.done(), "the stand-in ignored the cancel"
+        client.release.set()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return took
+
+    took = asyncio.run(scenario())
+    assert took < 2.0, f"stop() waited {took:.1f} s for a listener that ignores its cancel"
+    assert "did not stop within" in caplog.text
+    assert not l1.healthy, "the caches stop serving either way"
