@@ -14,6 +14,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from connectors import resume, runner
+from connectors.backoff import RetryPolicy
 from connectors.checkpoint import BinlogPosition
 from connectors.doctor import ServerInfo
 from connectors.exceptions import (
@@ -27,7 +28,7 @@ from connectors.exceptions import (
 )
 from connectors.kafka.topics import TopicsReport
 from connectors.metrics import ConnectorMetrics
-from connectors.runner import ConnectorRun, RetryPolicy
+from connectors.runner import ConnectorRun
 from connectors.settings import ConnectorSettings, KafkaSettings, MySQLSettings
 
 
