@@ -19,7 +19,7 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -37,6 +37,7 @@ PUBLISH = "redis.call('PUBLISH', ARGV[1], 'w ' .. ARGV[2] .. ' ' .. ARGV[3]) ret
 PER_ROUND = 600  # announcements per stall round, ~200/s
 KEEP = 50  # entries nobody invalidates: they must stay in an L1 that was not flushed
 STALL_S = 1.85
+CLEANUP_S = 30.0
 ROUNDS = 3  # stall again (new keys) until the control misses something, at most this often
 
 
@@ -145,10 +146,20 @@ async def _scenario(cluster: LocalRedisCluster) -> None:
     finally:
         os.kill(b_pid, signal.SIGCONT)
         for listener in [*listeners, control_listener]:
-            await listener.stop()
-        await asyncio.to_thread(threaded.stop)
-        await async_client.aclose()
+            await _cleanup("InvalidationListener.stop()", listener.stop())
+        await _cleanup("ThreadedInvalidationListener.stop()", asyncio.to_thread(threaded.stop))
+        await _cleanup("RedisCluster.aclose()", async_client.aclose())
         publisher.close()
+
+
+async def _cleanup(step: str, awaitable: Awaitable[None]) -> None:
+    """One step of a scenario's cleanup, at most :data:`CLEANUP_S`: a step that hangs fails the test with
+    its name (this module reached the 300 s pytest timeout twice, idle in its cleanup, step unknown)."""
+    task = asyncio.ensure_future(awaitable)
+    done, _ = await asyncio.wait({task}, timeout=CLEANUP_S)  # not wait_for: a cancel may hang too
+    if not done:
+        raise AssertionError(f"cleanup: {step} did not return within {CLEANUP_S:.0f} s")
+    task.result()
 
 
 def test_a_new_primary_flushes_the_l1s_and_is_subscribed_on(tmp_path: Path) -> None:
@@ -209,9 +220,9 @@ async def _new_primary(cluster: LocalRedisCluster) -> None:
             f"\nnew primary {new} with slot {migration.slot}: subscribed on it {seen_s:.2f} s after the move"
         )
     finally:
-        await listener.stop()
-        await asyncio.to_thread(threaded.stop)
-        await client.aclose()
+        await _cleanup("InvalidationListener.stop()", listener.stop())
+        await _cleanup("ThreadedInvalidationListener.stop()", asyncio.to_thread(threaded.stop))
+        await _cleanup("RedisCluster.aclose()", client.aclose())
 
 
 def _slots_of(name: str) -> set[int]:
