@@ -23,14 +23,14 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import Any, cast
 
 import faust
 from faust.tables import TableManager
 from faust.transport import consumer as faust_consumer
 from faust.transport.drivers import aiokafka as faust_aiokafka
-from faust.types import Message
+from faust.types import TP, Message
 
 log = logging.getLogger(__name__)
 
@@ -117,9 +117,23 @@ class _Consumer(faust_aiokafka.Consumer):
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
         return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
-    async def _drain_messages(self, fetcher: Any) -> None:  # pragma: no cover (runs against a broker)
+    _seeks = 0
+    """Seeks begun plus seeks ended (:meth:`perform_seek`): what the fetch loop compares to tell whether a
+    fetch is older than the latest seek."""
+
+    async def perform_seek(self) -> None:
+        """Faust's seek of every assigned partition to its committed offset (which also sets the read
+        offsets to them), counted where it begins and where it ends."""
+        self._seeks += 1
+        try:
+            await super().perform_seek()
+        finally:
+            self._seeks += 1
+
+    async def _drain_messages(self, fetcher: Any) -> None:
         """faust-streaming 0.15's fetch loop, except that a message of the intake's topics goes into the
-        intake (no task per message), and a fetch is flushed to it as a whole."""
+        intake (no task per message), a fetch is flushed to it as a whole, and a fetch older than the
+        consumer's generation or latest seek is dropped and fetched again (:meth:`_fetch_is_current`)."""
         intake: Intake | None = getattr(self.app, "intake", None)
         if intake is None:
             await super()._drain_messages(fetcher)
@@ -135,37 +149,52 @@ class _Consumer(faust_aiokafka.Consumer):
         fetching = faust_consumer.CONSUMER_FETCHING
         commit_every = self._commit_every
         acks_enabled_for = self.app.topics.acks_enabled_for
-        suspended = self.suspend_flow.is_set
+        app = self.app
+        current = self._fetch_is_current
         since_yield = 0
+        reseek = False
         try:
             while not (consumer_should_stop() or fetcher_should_stop()):
+                if self._seeks % 2:  # a seek is under way: what a fetch returns now may be from before it
+                    await asyncio.sleep(0.005)
+                    continue
+                if reseek:
+                    reseek = not await self._seek_again()
+                    continue
                 set_flag(fetching)
+                fetched_in = (app.consumer_generation_id, self._seeks)
                 records = cast(Any, getmany(timeout=1.0))
                 await asyncio.sleep(0)  # getmany may return at once, again and again
                 if not self.should_stop:
-                    async for tp, message in records:
-                        since_yield += 1
-                        if since_yield > 100:
-                            await asyncio.sleep(0)
-                            since_yield = 0
-                        offset = message.offset
-                        read = get_read_offset(tp)
-                        if read is not None and offset < read:
-                            continue  # already delivered (Faust logs these at dev level only)
-                        if read and offset - read > 1 and acks_enabled_for(message.topic):
-                            await self._add_gap(tp, read + 1, offset)
-                        if commit_every is not None and self._n_acked >= commit_every:
-                            self._n_acked = 0
-                            await self.commit()
-                        if message.topic in intake_topics:
-                            if intake.full:
+                    async with contextlib.aclosing(records):
+                        async for tp, message in records:
+                            since_yield += 1
+                            if since_yield > 100:
+                                await asyncio.sleep(0)
+                                since_yield = 0
+                            if commit_every is not None and self._n_acked >= commit_every:
+                                self._n_acked = 0
+                                await self.commit()
+                            if message.topic in intake_topics and intake.full:
                                 intake.flush()
                                 await self.wait_first(intake.wait_room(), self.suspend_flow.wait())
-                            if not suspended():  # a rebalance began: the consumer seeks back after it
+                            if not current(fetched_in):
+                                reseek = True
+                                break
+                            offset = message.offset
+                            read = get_read_offset(tp)
+                            if read is not None and offset < read:
+                                continue  # already delivered (Faust logs these at dev level only)
+                            if read and offset - read > 1 and acks_enabled_for(message.topic):
+                                self._add_gap_now(tp, read + 1, offset)
+                            if message.topic in intake_topics:
                                 intake.put(message)
-                        else:
-                            await self.wait_first(callback(message), self.suspend_flow.wait())
-                        set_read_offset(tp, offset)
+                            else:
+                                await self.wait_first(callback(message), self.suspend_flow.wait())
+                                if not current(fetched_in):
+                                    reseek = True
+                                    break
+                            set_read_offset(tp, offset)
                     intake.flush()
                     unset_flag(fetching)
         except self.consumer_stopped_errors:
@@ -183,6 +212,83 @@ class _Consumer(faust_aiokafka.Consumer):
             raise
         finally:
             unset_flag(fetching)
+
+    def _fetch_is_current(self, fetched_in: tuple[int, int]) -> bool:
+        """Whether a fetch begun at ``fetched_in`` (the consumer generation and :attr:`_seeks` then) may
+        still be delivered: flow is on, and no rebalance and no seek began since it was asked for.
+
+        Faust seeks every partition back to its committed offset after a rebalance, but resumes flow
+        before that seek, and a fetch asked for before a rebalance can come back after it (labelled with
+        the new generation). Delivered, such a fetch sets read offsets past the seek, or the seek resets
+        them below it: either way the next fetch skips, as already delivered, messages nobody applied,
+        or Faust counts them as a gap to commit past (seen: a partition's committed offset stuck behind
+        the worker's, and 37 changes skipped in one rebalance). Dropped, its messages are fetched again
+        after :meth:`_seek_again`."""
+        return (
+            self.flow_active
+            and not self.suspend_flow.is_set()
+            and (self.app.consumer_generation_id, self._seeks) == fetched_in
+            and not fetched_in[1] % 2
+        )
+
+    async def _seek_again(self) -> bool:
+        """After a dropped fetch: seek every assigned partition back to its committed offset (the
+        dropped messages were taken from the consumer's position), once flow is on; until then a
+        rebalance is under way and ends with its own seek. False when the seek failed (retried)."""
+        if not self.flow_active or self.suspend_flow.is_set():
+            await self.wait_first(self.can_resume_flow.wait(), self._stopped.wait())
+            return False
+        if not self.assignment():
+            return True
+        try:
+            await self.perform_seek()
+        except Exception as exc:  # a rebalance under way, or the broker: the next loop tries again
+            self.log.warning("seeking back to the committed offsets after a dropped fetch failed: %r", exc)
+            await asyncio.sleep(0.1)
+            return False
+        return True
+
+    def _add_gap_now(self, tp: TP, offset_from: int, offset_to: int) -> None:
+        """Faust's ``_add_gap`` without its ``sleep(0)``: offsets the fetch passed over (compacted, or
+        transaction markers) count as acknowledged. Added in the same step as the check that the fetch is
+        still the consumer's, so no gap of an older generation outlives a rebalance."""
+        committed = self._committed_offset[tp]
+        if committed is not None:
+            offset_from = max(offset_from, committed + 1)
+        if offset_from <= offset_to:
+            gap = self._gap[tp]
+            gap.addi(offset_from, offset_to + 1)  # intervals exclude their end
+            gap.merge_overlaps()
+
+    async def _commit_offsets(self, offsets: Mapping[TP, int], start_new_transaction: bool = True) -> bool:
+        """Faust's commit of ``offsets``, except that a commit during which a rebalance or a seek came
+        leaves the consumer's record of committed offsets to that seek.
+
+        Faust records the offsets as committed even when the commit failed. A commit still waiting when
+        a rebalance ended then overwrote the committed offsets the new generation had just read (its
+        seek): ``ack`` refuses messages below that record, so the group's committed offset stayed behind
+        what the worker had applied, until the partition's next message."""
+        if self.in_transaction:  # exactly-once commits go through Faust's transaction manager
+            return await super()._commit_offsets(offsets, start_new_transaction)
+        before = (self.app.consumer_generation_id, self._seeks)
+        assignment = self.assignment()
+        committable = {tp: offset for tp, offset in offsets.items() if tp in assignment}
+        if len(committable) < len(offsets):
+            self.log.info(
+                "Discarded commit for revoked partitions that will be eventually processed again: %r",
+                {tp: offset for tp, offset in offsets.items() if tp not in assignment},
+            )
+        if not committable:
+            return False
+        await self.app.producer.flush()
+        did_commit = await self._commit(committable)
+        if (self.app.consumer_generation_id, self._seeks) != before:
+            return did_commit
+        if did_commit:
+            self.app.tables.on_commit(committable)
+        self._committed_offset.update(committable)
+        self.app.monitor.on_tp_commit(committable)
+        return did_commit
 
 
 class _Transport(faust_aiokafka.Transport):
