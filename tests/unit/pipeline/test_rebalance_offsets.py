@@ -211,11 +211,7 @@ async def _seek(app: FreshkeyApp, consumer: Any) -> None:
 
 def _generation_only(consumer: Any) -> Callable[[tuple[int, int]], bool]:
     """The loop's check without the seeks: flow on, and the fetch of the current generation."""
-    return lambda fetched_in: consumer.flow_active and app_generation(consumer) == fetched_in[0]
-
-
-def app_generation(consumer: Any) -> int:
-    return int(consumer.app.consumer_generation_id)
+    return lambda fetched_in: consumer.flow_active and consumer.app.consumer_generation_id == fetched_in[0]
 
 
 def _flow_only(consumer: Any) -> Callable[[tuple[int, int]], bool]:
