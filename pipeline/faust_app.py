@@ -179,6 +179,7 @@ class _Consumer(faust_aiokafka.Consumer):
                                 intake.flush()
                                 await self.wait_first(intake.wait_room(), self.suspend_flow.wait())
                             if not current(fetched_in):
+                                self.log.debug("dropped a fetch from before a rebalance or seek at %s", tp)
                                 reseek = True
                                 break
                             offset = message.offset
