@@ -232,21 +232,33 @@ class _Consumer(faust_aiokafka.Consumer):
             and not fetched_in[1] % 2
         )
 
+    _seek_failures = 0
+    """Consecutive failed :meth:`_seek_again` calls (its backoff, and what its warning counts)."""
+
     async def _seek_again(self) -> bool:
         """After a dropped fetch: seek every assigned partition back to its committed offset (the
         dropped messages were taken from the consumer's position), once flow is on; until then a
-        rebalance is under way and ends with its own seek. False when the seek failed (retried)."""
+        rebalance is under way and ends with its own seek. False when the seek failed or took longer
+        than ``broker_request_timeout`` (the broker away): the loop fetches nothing until one succeeds,
+        retrying with a backoff from 0.1 s to 2 s and a warning for each failure."""
         if not self.flow_active or self.suspend_flow.is_set():
             await self.wait_first(self.can_resume_flow.wait(), self._stopped.wait())
             return False
         if not self.assignment():
             return True
         try:
-            await self.perform_seek()
-        except Exception as exc:  # a rebalance under way, or the broker: the next loop tries again
-            self.log.warning("seeking back to the committed offsets after a dropped fetch failed: %r", exc)
-            await asyncio.sleep(0.1)
+            await asyncio.wait_for(self.perform_seek(), self.app.conf.broker_request_timeout)
+        except Exception as exc:  # a rebalance under way, or the broker
+            self._seek_failures += 1
+            self.log.warning(
+                "seeking back to the committed offsets after a dropped fetch failed (%d in a row; "
+                "nothing is fetched until it succeeds): %r",
+                self._seek_failures,
+                exc,
+            )
+            await asyncio.sleep(min(2.0, 0.1 * 2 ** min(self._seek_failures - 1, 5)))
             return False
+        self._seek_failures = 0
         return True
 
     def _add_gap_now(self, tp: TP, offset_from: int, offset_to: int) -> None:

@@ -124,6 +124,7 @@ def _drain(
     capacity: int = 100,
     while_waiting: Plan | None = None,
     check: Callable[[Any], Callable[[tuple[int, int]], bool]] | None = None,
+    failing_seeks: int = 0,
 ) -> Fetched:
     """The fetch loop over ``fetches`` (each: the offsets of partition 4 it returns, and what happens
     while it is out), with every seek going to ``committed``. ``while_waiting`` happens while the loop
@@ -139,7 +140,12 @@ def _drain(
             plans = list(fetches)
             own_seeks = 0
 
+            failures = [failing_seeks]
+
             async def seek_to_committed() -> dict[TP, int]:
+                if own_seeks and failures[0]:  # the loop's own seeks fail first (the broker away)
+                    failures[0] -= 1
+                    raise ConnectionError("broker away")
                 return {PART: committed}
 
             async def getmany(timeout: float) -> AsyncIterator[tuple[TP, Message]]:  # noqa: ASYNC109
@@ -267,3 +273,10 @@ def test_a_fetch_that_comes_back_after_a_whole_rebalance_is_dropped() -> None:
 def test_without_the_check_the_fetch_from_the_older_generation_skips_the_new_ones() -> None:
     got = _drain([([291, 292], _rebalance), ([254, 255], None)], committed=254, check=_flow_only)
     assert got.held == [(291, True), (292, True)] and got.gap == list(range(255, 292))
+
+
+def test_a_seek_back_that_fails_is_retried_before_anything_is_fetched() -> None:
+    """The broker is away when the loop seeks back: nothing is fetched until a seek succeeds (a fetch
+    from the consumer's position would skip the dropped messages)."""
+    got = _drain([([294, 295], _seek), ([254, 255, 256], None)], committed=254, failing_seeks=2)
+    assert got == Fetched([(254, True), (255, True), (256, True)], 256, [], 3)
