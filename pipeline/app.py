@@ -23,12 +23,12 @@ from connectors.database import column_types, primary_key, table_columns
 from connectors.kafka.security import aiokafka_options, librdkafka_config
 from connectors.kafka.topics import topic_names
 from connectors.settings import KafkaSettings, MySQLSettings
-from pipeline.agents import changes, debezium_topics, hotness, models, sla
+from pipeline.agents import broker_topics, changes, debezium_topics, hotness, models, sla
 from pipeline.config import AllSettings, SettingsError, debezium_options
 from pipeline.context import SignatureLog, Worker
 from pipeline.cutover import Cutovers
 from pipeline.dead_letters import DeadLetterWriter
-from pipeline.faust_app import FreshkeyApp
+from pipeline.faust_app import FreshkeyApp, forbid_topic_auto_creation
 from pipeline.loaders import Loaders
 from pipeline.models import ModelRegistry
 from pipeline.observe.broker import BrokerOffsets
@@ -134,6 +134,9 @@ def create_app(settings: AllSettings, bindings: Bindings) -> Worker:
         web_graph_enabled=web.faust_pages,
         web_metrics_enabled=web.faust_pages,
         consumer_auto_offset_reset="earliest",
+        # A worker that joined while its change topic was missing (a broker that lost its data) subscribes
+        # to it at its next metadata refresh once the connector recreated it: 5 s, not aiokafka's 5 min.
+        consumer_metadata_max_age_ms=broker_topics.METADATA_MAX_AGE_MS,
         broker_commit_interval=worker.commit_interval_s,
         broker_session_timeout=worker.session_timeout_s,
         broker_heartbeat_interval=max(worker.session_timeout_s / 5, 0.5),
@@ -196,6 +199,7 @@ def create_app(settings: AllSettings, bindings: Bindings) -> Worker:
     )
 
     configure_telemetry(settings.telemetry, service="worker")
+    forbid_topic_auto_creation()
     progress = ConsumerProgress(
         kafka.change_topic,
         partitions=kafka.partitions,
@@ -252,6 +256,7 @@ def create_app(settings: AllSettings, bindings: Bindings) -> Worker:
     hotness.install(w)
     sla.install(w)
     debezium_topics.install(w)
+    broker_topics.install(w)
     install_api(w)
     install_dashboard(app, processor, progress=progress)
     return w

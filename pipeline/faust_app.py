@@ -27,6 +27,7 @@ from collections.abc import Collection, Mapping
 from typing import Any, cast
 
 import faust
+from aiokafka import client as aiokafka_client
 from faust.tables import TableManager
 from faust.transport import consumer as faust_consumer
 from faust.transport.drivers import aiokafka as faust_aiokafka
@@ -355,6 +356,27 @@ class FreshkeyApp(faust.App):
         return self.flow_control.is_active() and message.generation_id == self.consumer_generation_id
 
 
+class _MetadataRequest(aiokafka_client.MetadataRequest):
+    """aiokafka's metadata request with topic auto-creation off (it always asks for it, with no setting)."""
+
+    def __init__(
+        self, topics: list[str] | None = None, allow_auto_topic_creation: bool | None = None
+    ) -> None:
+        super().__init__(topics, allow_auto_topic_creation=False)
+
+
+def forbid_topic_auto_creation() -> None:
+    """Make every aiokafka client of this process ask for metadata without topic auto-creation.
+
+    aiokafka asks a broker to create every topic it looks up. A broker that lost its data (Tansu's memory
+    storage after a restart, an Apache Kafka whose volume is gone) then recreates the change topic at
+    the worker's first look, with the broker's default partition count (4 on Tansu): the connector
+    refuses that topic and stops, and the dead-letter, model-update and hotness topics would come back
+    with the wrong partition counts and configs. Without auto-creation the connector recreates the change
+    topic (and fences every namespace), and :mod:`pipeline.agents.broker_topics` the worker's own topics."""
+    aiokafka_client.MetadataRequest = _MetadataRequest
+
+
 def freeze_gc() -> None:
     """Move everything allocated so far (the imported modules, the app) out of the cyclic collector's
     reach: a full collection then walks only what the worker allocates later. With torch imported a full
@@ -398,4 +420,4 @@ class FreshkeyWorker(faust.Worker):
         os._exit(0)
 
 
-__all__ = ["FreshkeyApp", "FreshkeyWorker", "Intake", "freeze_gc"]
+__all__ = ["FreshkeyApp", "FreshkeyWorker", "Intake", "forbid_topic_auto_creation", "freeze_gc"]

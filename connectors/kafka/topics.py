@@ -8,8 +8,8 @@ count, a creation the broker forbids) raises :class:`ConfigurationError`.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
@@ -30,6 +30,15 @@ class TopicsReport:
 
     partitions: dict[str, int]
     created: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    """How a topic freshkey creates is made: its partition count and topic configs
+    (``cleanup.policy``...)."""
+
+    partitions: int
+    config: Mapping[str, str] = field(default_factory=dict)
 
 
 def _admin(settings: KafkaSettings) -> tuple[AdminClient, SecurityErrors]:
@@ -81,24 +90,8 @@ def prepare_topics(
     missing = [t for t in wanted if t not in existing]
     created: list[str] = []
     if missing:
-        futures = admin.create_topics(
-            [NewTopic(t, settings.partitions, settings.replication_factor) for t in missing],
-            request_timeout=timeout_s,
-        )
-        for topic, future in futures.items():
-            try:
-                future.result(timeout=timeout_s)
-                created.append(topic)
-            except KafkaException as exc:
-                if "TOPIC_ALREADY_EXISTS" in str(exc):
-                    continue  # created by someone else meanwhile (a worker starting at the same time)
-                if retry_cause(exc) is not None and "POLICY" not in str(exc):
-                    raise _unavailable(settings, exc) from None
-                raise ConfigurationError(f"cannot create topic {topic!r}: {exc}") from None
-            except TimeoutError:
-                raise KafkaUnavailableError(
-                    f"Kafka at {settings.bootstrap} did not create topic {topic!r} within {timeout_s:.0f} s"
-                ) from None
+        specs = {t: TopicSpec(settings.partitions) for t in missing}
+        created = _create(settings, admin, specs, timeout_s)
         try:
             existing = admin.list_topics(timeout=timeout_s).topics
         except KafkaException as exc:
@@ -111,6 +104,50 @@ def prepare_topics(
             f"{settings.partitions}; set it to {have} (changing the count reorders rows across partitions)"
         )
     return TopicsReport(partitions=counts, created=sorted(created))
+
+
+def _create(
+    settings: KafkaSettings, admin: AdminClient, specs: Mapping[str, TopicSpec], timeout_s: float
+) -> list[str]:
+    """Create ``specs``; the names created, sorted. One that someone else created meanwhile (a worker and
+    a connector starting together) is skipped, not an error."""
+    futures = admin.create_topics(
+        [
+            NewTopic(t, spec.partitions, settings.replication_factor, config=dict(spec.config))
+            for t, spec in specs.items()
+        ],
+        request_timeout=timeout_s,
+    )
+    created: list[str] = []
+    for topic, future in futures.items():
+        try:
+            future.result(timeout=timeout_s)
+            created.append(topic)
+        except KafkaException as exc:
+            if "TOPIC_ALREADY_EXISTS" in str(exc):
+                continue
+            if retry_cause(exc) is not None and "POLICY" not in str(exc):
+                raise _unavailable(settings, exc) from None
+            raise ConfigurationError(f"cannot create topic {topic!r}: {exc}") from None
+        except TimeoutError:
+            raise KafkaUnavailableError(
+                f"Kafka at {settings.bootstrap} did not create topic {topic!r} within {timeout_s:.0f} s"
+            ) from None
+    return sorted(created)
+
+
+def restore_topics(
+    settings: KafkaSettings, wanted: Mapping[str, TopicSpec], *, timeout_s: float = 10.0
+) -> tuple[list[str], list[str]]:
+    """Create those of ``wanted`` the broker does not have, as specified; returns (the topics created,
+    every topic the broker has), both sorted. For a process that must not wait for a broker's
+    auto-creation: with it off, a topic lost with a broker's data never comes back; with it on, it comes
+    back with the broker's default partition count and configs."""
+    admin, errors = _admin(settings)
+    existing = _list_topics(settings, admin, errors, timeout_s)
+    missing = {t: spec for t, spec in wanted.items() if t not in existing}
+    created = _create(settings, admin, missing, timeout_s) if missing else []
+    return created, sorted(set(existing) | set(created))
 
 
 def ensure_topics(
