@@ -98,6 +98,18 @@ class ResumeGuard:
         log.warning("continuing at the current binlog position %s:%d after the fence", start.file, start.pos)
         return state
 
+    def remember_gap(self, reason: str) -> None:
+        """A loss found while producing (``reason``): recorded in the checkpoint, so that the next
+        session fences every bound namespace before producing anything. Called after the session's last
+        save, which would drop it."""
+        state = self._saved_state()
+        if state is None:
+            return  # nothing was ever acknowledged: nothing can have been lost
+        log.error("GAP: %s. The next session fences every bound namespace before producing anything", reason)
+        self.store.save(
+            state.position, change_topic=state.change_topic, topic_ends=state.topic_ends, pending_gap=reason
+        )
+
     def _saved_state(self) -> CheckpointState | None:
         try:
             return self.store.load_state()

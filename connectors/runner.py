@@ -230,6 +230,8 @@ class ConnectorRun:
             linger_ms=self.connector.linger_ms,
             delivery_timeout_s=self.connector.delivery_timeout_s,
             limit=self.limit,
+            # Verified against the topic by check_topic: an acknowledgement below them is a loss.
+            acknowledged={(self.kafka.change_topic, p): end for p, end in state.topic_ends.items()},
         )
         sender = Sender(self.kafka, self.limit, tracker, producer, stats=self.stats, metrics=self.metrics)
         saver = CheckpointSaver(
@@ -282,6 +284,8 @@ class ConnectorRun:
             )
             remaining = producer.close(flush_s, purge=not clean)
             saver.stop()
+            if producer.rewound is not None:
+                self.guard.remember_gap(producer.rewound)
             self.snapshots.end()  # counts the chunks Kafka acknowledged, after the last flush
             if remaining:
                 log.log(

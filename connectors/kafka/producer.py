@@ -20,7 +20,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
@@ -100,6 +100,7 @@ class ChangeProducer:
         linger_ms: float = LINGER_MS,
         delivery_timeout_s: float = 120.0,
         limit: MessageLimit | None = None,
+        acknowledged: Mapping[tuple[str, int], int] | None = None,
     ) -> None:
         self._bootstrap = settings.bootstrap
         self.limit = limit if limit is not None else MessageLimit(settings.max_message_bytes)
@@ -121,6 +122,9 @@ class ChangeProducer:
         self._last_error = ""
         self._progress_at = time.monotonic()  # last acknowledgement, or when events started to wait
         self._ends: dict[tuple[str, int], int] = {}
+        self._floors = dict(acknowledged or {})
+        self.rewound: str | None = None
+        """Why acknowledged events cannot be vouched for (:meth:`_rewound`), None while they can."""
         self._ends_lock = threading.Lock()
         self._replacements: queue.SimpleQueue[OnTooLarge] = queue.SimpleQueue()
         self._served_at = 0.0  # when the caller's thread last served delivery reports (serve())
@@ -177,7 +181,10 @@ class ChangeProducer:
                 offset, partition = msg.offset(), msg.partition()
                 if offset is not None and partition is not None and offset >= 0:
                     with self._ends_lock:  # flush() serves callbacks too, on the caller's thread
-                        if offset + 1 > self._ends.get((topic, partition), 0):
+                        end = self._ends.get((topic, partition), 0)
+                        if offset < max(end, self._floors.get((topic, partition), 0)):
+                            self._rewound(topic, partition, offset, end)
+                        elif offset + 1 > end:
                             self._ends[(topic, partition)] = offset + 1
                 self._progress_at = time.monotonic()
                 on_delivered()
@@ -185,6 +192,21 @@ class ChangeProducer:
             self.on_delivery_error(err, topic, size, on_too_large)
 
         return callback
+
+    def _rewound(self, topic: str, partition: int, offset: int, end: int) -> None:
+        """A partition's log went back: Kafka acknowledged an event at ``offset``, below events it had
+        acknowledged before (this session, or the sessions before: ``acknowledged``). Those events cannot
+        be vouched for (the broker's data gone, an unclean leader election, the topic recreated, a
+        broker that took the new events for duplicates): :attr:`rewound` says so, and the session ends.
+        The connector then records a gap, so that the next session fences before producing."""
+        before = max(end, self._floors.get((topic, partition), 0))
+        reason = (
+            f"Kafka acknowledged an event at offset {offset} of {topic!r} partition {partition}, below "
+            f"offset {before - 1} it had acknowledged before: events Kafka acknowledged may be lost"
+        )
+        if self.rewound is None:
+            self.rewound = reason
+        self._fail(DeliveryError(reason))
 
     def on_delivery_error(
         self, err: KafkaError, topic: str, size: int, on_too_large: OnTooLarge | None

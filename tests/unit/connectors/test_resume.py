@@ -113,6 +113,29 @@ def test_a_failed_fence_is_remembered_and_retried_by_the_next_session(tmp_path: 
     assert guard.store.load_state() == CheckpointState(POSITION, "changes", {}, None)
 
 
+def test_a_loss_seen_while_producing_is_fenced_by_the_next_session_even_where_the_topic_looks_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The producer saw a partition's offsets go back (``ChangeProducer.rewound``): the checkpoint keeps
+    the reason, and the next session fences although the topic's ends and last events are all there."""
+    calls: list[str] = []
+    guard = make_guard(tmp_path, calls.append)
+    guard.remember_gap("offsets went back")  # nothing saved yet: nothing acknowledged, nothing to fence
+    assert guard.store.load_state() is None
+    guard.store.save(POSITION, change_topic="changes", topic_ends={0: 10})
+    guard.remember_gap("offsets went back")
+    saved = guard.store.load_state()
+    assert saved == CheckpointState(POSITION, "changes", {0: 10}, "offsets went back")
+    monkeypatch.setattr(resume, "end_offsets", lambda *a, **k: {0: 12, 1: 0, 2: 0})
+    monkeypatch.setattr(resume, "record_exists", lambda *a, **k: True)
+    guard.check_topic(saved, EXISTING, fresh=False)
+    assert calls == ["offsets went back"]
+    assert guard.store.load_state() == CheckpointState(POSITION, "changes", {}, None)
+    # Negative control: the same checkpoint without the reason is no gap.
+    guard.check_topic(CheckpointState(POSITION, "changes", {0: 10}), EXISTING, fresh=False)
+    assert calls == ["offsets went back"]
+
+
 def test_a_gap_without_a_fence_hook_stops_the_run(tmp_path: Path) -> None:
     guard = make_guard(tmp_path, None)
     with pytest.raises(ConfigurationError, match="no fence hook"):

@@ -224,6 +224,8 @@ def test_a_gap_accepted_mid_stream_is_not_overwritten_by_the_sessions_last_save(
     current = BinlogPosition("binlog.000009", 4)
 
     class Producer:
+        rewound = None
+
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             pass
 

@@ -141,3 +141,53 @@ def test_without_a_serving_caller_the_background_thread_serves_the_reports(
     producer: ChangeProducer,
 ) -> None:
     assert _purged_report_thread(producer, serve=False) == "kafka-delivery"
+
+
+class _Delivered:
+    """What librdkafka hands a delivery report: the message's partition and offset."""
+
+    def __init__(self, partition: int, offset: int) -> None:
+        self._partition, self._offset = partition, offset
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self._offset
+
+
+def _deliver(producer: ChangeProducer, partition: int, offset: int) -> None:
+    producer._delivered("t", 10, lambda: None, None)(None, _Delivered(partition, offset))  # type: ignore[arg-type]
+
+
+def test_offsets_that_go_up_are_the_acknowledged_ends(producer: ChangeProducer) -> None:
+    for partition, offset in [(0, 0), (1, 7), (0, 1), (0, 5), (1, 8)]:
+        _deliver(producer, partition, offset)
+    producer.raise_if_failed()
+    assert producer.rewound is None
+    assert producer.acked_ends("t") == {0: 6, 1: 9}
+
+
+def test_an_offset_below_one_acknowledged_this_session_fails_it(producer: ChangeProducer) -> None:
+    """A partition whose log went back lost acknowledged events (broker data gone, unclean leader
+    election, topic recreated): the session ends, and the next one fences (the saved ends stay up)."""
+    _deliver(producer, 0, 311)
+    _deliver(producer, 1, 4)
+    _deliver(producer, 0, 0)
+    with pytest.raises(DeliveryError, match="offset 0 of 't' partition 0, below offset 311"):
+        producer.raise_if_failed()
+    assert producer.rewound is not None and "may be lost" in producer.rewound
+    assert producer.acked_ends("t") == {0: 312, 1: 5}, "the ends never go down: the checkpoint keeps them"
+
+
+def test_an_offset_below_the_ends_of_earlier_sessions_fails_the_session() -> None:
+    made = ChangeProducer(KAFKA, delivery_timeout_s=5, acknowledged={("t", 0): 312})
+    try:
+        _deliver(made, 0, 312)  # the next offset: fine
+        _deliver(made, 1, 0)  # no earlier end there
+        made.raise_if_failed()
+        _deliver(made, 0, 2)
+        with pytest.raises(DeliveryError, match="below offset 312 it had acknowledged before"):
+            made.raise_if_failed()
+    finally:
+        made.close(0.1, purge=True)
