@@ -16,6 +16,7 @@ What it guarantees to the connector:
 
 from __future__ import annotations
 
+import bisect
 import logging
 import queue
 import threading
@@ -56,6 +57,51 @@ PUSH_WAIT_S = 0.001
 UNREACHABLE_AFTER_S = 5.0
 """Events waiting this long without any acknowledgement while librdkafka reports the brokers
 unreachable end the session (rather than waiting for the delivery timeout)."""
+
+
+MAX_SPANS = 64
+"""Most separate runs of acknowledged offsets kept per partition (:class:`AckedOffsets`)."""
+
+
+class AckedOffsets:
+    """The offsets of one partition that Kafka acknowledged in this session, as sorted, merged
+    ``[start, end)`` runs: what tells a log that went back from delivery reports that came out of order.
+
+    Reports are not served in offset order: the caller's thread and the background thread both serve
+    them (:meth:`ChangeProducer.serve`), and each runs the callbacks of the reports it took, so a later
+    batch's can run first. An offset is never acknowledged twice for different messages on a sound log,
+    whatever the order: :meth:`add` says when one is. The runs stay few (acknowledgements come nearly in
+    order and fill the holes they leave); past :data:`MAX_SPANS` (other producers writing to the
+    partition) the oldest are forgotten."""
+
+    __slots__ = ("spans",)
+
+    def __init__(self) -> None:
+        self.spans: list[list[int]] = []
+
+    def add(self, offset: int) -> bool:
+        """Record ``offset``; False when it had been acknowledged before (the log went back)."""
+        spans = self.spans
+        if spans and spans[-1][1] == offset:  # the next one: nearly every call
+            spans[-1][1] = offset + 1
+            return True
+        i = bisect.bisect_right(spans, offset, key=lambda span: span[0])  # spans[:i] start at or below
+        if i and spans[i - 1][1] > offset:
+            return False
+        joins_left = i > 0 and spans[i - 1][1] == offset
+        joins_right = i < len(spans) and spans[i][0] == offset + 1
+        if joins_left and joins_right:
+            spans[i - 1][1] = spans[i][1]
+            del spans[i]
+        elif joins_left:
+            spans[i - 1][1] = offset + 1
+        elif joins_right:
+            spans[i][0] = offset
+        else:
+            spans.insert(i, [offset, offset + 1])
+            if len(spans) > MAX_SPANS:
+                del spans[0]
+        return True
 
 
 class MessageLimit:
@@ -122,6 +168,7 @@ class ChangeProducer:
         self._last_error = ""
         self._progress_at = time.monotonic()  # last acknowledgement, or when events started to wait
         self._ends: dict[tuple[str, int], int] = {}
+        self._acked: dict[tuple[str, int], AckedOffsets] = {}
         self._floors = dict(acknowledged or {})
         self.rewound: str | None = None
         """Why acknowledged events cannot be vouched for (:meth:`_rewound`), None while they can."""
@@ -180,12 +227,15 @@ class ChangeProducer:
             if err is None:
                 offset, partition = msg.offset(), msg.partition()
                 if offset is not None and partition is not None and offset >= 0:
+                    where = (topic, partition)
                     with self._ends_lock:  # flush() serves callbacks too, on the caller's thread
-                        end = self._ends.get((topic, partition), 0)
-                        if offset < max(end, self._floors.get((topic, partition), 0)):
-                            self._rewound(topic, partition, offset, end)
-                        elif offset + 1 > end:
-                            self._ends[(topic, partition)] = offset + 1
+                        acked = self._acked.get(where)
+                        if acked is None:
+                            acked = self._acked[where] = AckedOffsets()
+                        if offset < self._floors.get(where, 0) or not acked.add(offset):
+                            self._rewound(topic, partition, offset)
+                        elif offset + 1 > self._ends.get(where, 0):
+                            self._ends[where] = offset + 1
                 self._progress_at = time.monotonic()
                 on_delivered()
                 return
@@ -193,16 +243,22 @@ class ChangeProducer:
 
         return callback
 
-    def _rewound(self, topic: str, partition: int, offset: int, end: int) -> None:
-        """A partition's log went back: Kafka acknowledged an event at ``offset``, below events it had
-        acknowledged before (this session, or the sessions before: ``acknowledged``). Those events cannot
-        be vouched for (the broker's data gone, an unclean leader election, the topic recreated, a
-        broker that took the new events for duplicates): :attr:`rewound` says so, and the session ends.
-        The connector then records a gap, so that the next session fences before producing."""
-        before = max(end, self._floors.get((topic, partition), 0))
+    def _rewound(self, topic: str, partition: int, offset: int) -> None:
+        """A partition's log went back: Kafka acknowledged an event at ``offset``, which it had
+        acknowledged before (this session), or below the ends the sessions before saw acknowledged
+        (``acknowledged``, verified against the topic when the session began). Those events cannot be
+        vouched for (the broker's data gone, an unclean leader election, the topic recreated):
+        :attr:`rewound` says so, and the session ends. The connector then records a gap, so that the next
+        session fences before producing."""
+        floor = self._floors.get((topic, partition), 0)
+        before = (
+            f"below offset {floor - 1} it had acknowledged before"
+            if offset < floor
+            else "which it had acknowledged before for another event"
+        )
         reason = (
-            f"Kafka acknowledged an event at offset {offset} of {topic!r} partition {partition}, below "
-            f"offset {before - 1} it had acknowledged before: events Kafka acknowledged may be lost"
+            f"Kafka acknowledged an event at offset {offset} of {topic!r} partition {partition}, {before}: "
+            "events Kafka acknowledged may be lost"
         )
         if self.rewound is None:
             self.rewound = reason
