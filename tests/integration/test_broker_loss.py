@@ -1,6 +1,8 @@
-"""A broker that comes back without its data, seen from the worker: it never has a topic auto-created
-(the broker's default partition count, 4 on Tansu, made the connector refuse the change topic and stop),
-it recreates its own topics as they were, and it waits for the connector to recreate the change topic.
+"""A broker that comes back without its data. The worker never has a topic auto-created (the broker's
+default partition count, 4 on Tansu, made the connector refuse the change topic and stop), it recreates
+its own topics as they were, and it waits for the connector to recreate the change topic. The connector
+ends a session whose events wait for a topic the broker no longer has within seconds, then recreates it
+and fences.
 
 Real servers: a private Tansu broker (memory storage: a restart loses every topic), the session's MariaDB
 and Redis, a connector and a worker as child processes.
@@ -120,5 +122,43 @@ def test_after_a_broker_lost_its_data_the_worker_recreates_its_topics_and_the_pi
         assert partitions(private_kafka.bootstrap)[p.change_topic] == 3
         assert p.procs["connector"].poll() is None and p.procs["worker"].poll() is None
         assert p.starts == {"connector": 1, "worker": 2}
+    finally:
+        p.close()
+
+
+def test_an_event_waiting_when_the_broker_comes_back_empty_ends_the_session_within_seconds(
+    mysql_service: MySQLService, private_kafka: LocalKafka, redis_url: str, tmp_path: Path
+) -> None:
+    """The connector's side: an event that waits while the broker is away, which comes back without the
+    change topic. librdkafka waits ``topic.metadata.propagation.max.ms`` for a topic it no longer finds
+    before it fails the event: 30 s by default, during which the caches of every change since stay
+    stale with nothing fenced. The connector sets 5 s (``TOPIC_GONE_AFTER_S``): the session ends, the next
+    recreates the topic and fences.
+
+    Negative control: with ``TOPIC_GONE_AFTER_S = 30.0`` (librdkafka's default) this test fails: no fence
+    within 25 s (run here). With 5 s the fence came 2.2 s after the broker was back. Standalone (one
+    ChangeProducer, Tansu restarted empty), the waiting event failed after 31.5 s against 6.7 s.
+    """
+    p = Pipeline(mysql_service, private_kafka.bootstrap, redis_url, tmp_path, version_column=False)
+    try:
+        p.start(  # the default delivery timeout (120 s): the lost topic must end the session well before
+            "connector",
+            FRESHKEY_CONNECTOR_RETRY_INITIAL_BACKOFF_S="0.2",
+            FRESHKEY_CONNECTOR_RETRY_MAX_BACKOFF_S="1.0",
+        )
+        p.start("worker")
+        p.sql(ROW, (1, "before"))
+        p.wait_consistent()
+
+        private_kafka.halt()
+        p.sql(ROW, (2, "while the broker is away"))
+        time.sleep(2)  # the connector reads it from the binlog: its event waits for the broker
+        private_kafka.resume()
+        back = time.monotonic()
+        p.wait(lambda: "fenced 1 namespace(s)" in p.logs(), 25, "the connector's fence within 25 s")
+        print(f"\nthe connector fenced {time.monotonic() - back:.1f} s after the broker came back empty")
+        p.wait_consistent()
+        assert partitions(private_kafka.bootstrap)[p.change_topic] == 3
+        assert p.starts == {"connector": 1, "worker": 1}
     finally:
         p.close()

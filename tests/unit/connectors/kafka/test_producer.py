@@ -70,6 +70,13 @@ def test_other_delivery_errors_fail_the_session_and_purges_do_not(producer: Chan
         producer.raise_if_failed()
 
 
+@pytest.mark.parametrize("code", [KafkaError._UNKNOWN_PARTITION, KafkaError.UNKNOWN_TOPIC_OR_PART])
+def test_an_event_for_a_topic_the_broker_no_longer_has_says_so(producer: ChangeProducer, code: int) -> None:
+    producer.on_delivery_error(KafkaError(code), "t", 10, None)
+    with pytest.raises(DeliveryError, match=r"no longer has topic 't' \(a broker that lost its data"):
+        producer.raise_if_failed()
+
+
 def test_a_delivery_refused_for_want_of_authorization_is_a_configuration_error(
     producer: ChangeProducer,
 ) -> None:
