@@ -115,6 +115,7 @@ def test_compose_sets_the_settings_the_stack_needs(compose: Compose) -> None:
             "FRESHKEY_WORKER_WEB_BIND",
             "FRESHKEY_WORKER_WEB_PORT",
             "FRESHKEY_WORKER_DATA_DIR",
+            "FRESHKEY_WORKER_FETCH_MAX_WAIT_MS",  # Apache Kafka: no 100 idle fetches a second
             *heartbeat,
         },
         HEARTBEAT_SERVICE: heartbeat,
