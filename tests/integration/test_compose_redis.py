@@ -206,10 +206,14 @@ def test_redis_cluster_profile_forms_a_cluster(
     while stack.healthcheck("redis").returncode != 0:
         assert time.monotonic() < deadline, stack.cli("redis", "cluster", "info")
         time.sleep(0.2)
-    for name in stack.nodes:
-        info = dict(
-            line.split(":", 1) for line in stack.cli(name, "cluster", "info").splitlines() if ":" in line
-        )
+    for name in stack.nodes:  # the others learn the slots by gossip, a moment after the first
+        while True:
+            info = dict(
+                line.split(":", 1) for line in stack.cli(name, "cluster", "info").splitlines() if ":" in line
+            )
+            if info["cluster_state"] == "ok" or time.monotonic() >= deadline:
+                break
+            time.sleep(0.2)
         assert info["cluster_state"] == "ok" and info["cluster_size"] == "3", (name, info)
         assert info["cluster_known_nodes"] == "3" and info["cluster_slots_assigned"] == "16384", (name, info)
     nodes_before = stack.cli("redis", "cluster", "myid")
