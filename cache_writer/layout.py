@@ -135,6 +135,12 @@ def hits_stream(prefix: str) -> str:
     return f"{prefix}:hits"
 
 
+def incarnation_key(prefix: str) -> str:
+    """The server identity L2's data set was last seen under (``RedisTier.incarnation``): a data set
+    restored from another (a snapshot loaded at a restart, a replica promoted) is found by it."""
+    return f"{prefix}:incarnation"
+
+
 def latest_verification_key(prefix: str) -> str:
     """Where ``freshkey verify`` keeps its latest result (JSON) for the worker's ``/freshkey/verify``."""
     return f"{prefix}:verify:latest"

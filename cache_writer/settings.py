@@ -69,6 +69,13 @@ class RedisSettings(BaseSettings):
     broadcast: bool = Field(
         True, description="Announce every applied change on <prefix>:invalidations for in-process tiers."
     )
+    fence_on_restore: bool = Field(
+        True,
+        description="Fence every namespace when L2's data set was restored from another incarnation of "
+        "the server (a snapshot or append-only file loaded at a restart, a replica promoted after a "
+        "failover): its entries may be older than the changes applied since. Turn off only for a Redis "
+        "whose restarts and failovers never lose an acknowledged write.",
+    )
     ssl_ca: Path | None = Field(
         None, description="With rediss://: CA certificate (PEM) of the server; the system's CAs if unset."
     )

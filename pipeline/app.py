@@ -251,6 +251,10 @@ def create_app(settings: AllSettings, bindings: Bindings) -> Worker:
     async def connect_tiers() -> None:
         await w.tiers.connect()
 
+    @app.task
+    async def watch_l2_incarnation() -> None:
+        await w.tiers.watch_incarnation()
+
     changes.install(w)
     models.install(w)
     hotness.install(w)

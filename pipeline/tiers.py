@@ -28,6 +28,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+INCARNATION_CHECK_S = 1.0
+"""How often the worker asks L2 whether its data set was restored from another incarnation of the server
+(:meth:`Tiers.check_incarnation`): the longest a restored snapshot's entries are served unfenced."""
+
 
 class Tiers:
     """L2 (and L3 when configured) for one worker; ``ready`` is set once every tier has its scripts."""
@@ -72,6 +76,9 @@ class Tiers:
             async for attempt in retrying(f"loading the scripts into {tier.name}"):
                 with attempt:
                     await tier.load_scripts()
+        async for attempt in retrying(f"reading the identity of {self._l2.name}"):
+            with attempt:
+                await self.check_incarnation()
         self.processor.tiers[:] = tiers
         self.cutovers.tiers[:] = tiers
         self.ready.set()
@@ -92,6 +99,38 @@ class Tiers:
             self.processor.observers.on_event("fence")
             self._on_fence(namespace, cause)
         return fenced
+
+    async def check_incarnation(self) -> bool:
+        """Fence every namespace when L2's data set comes from another incarnation of the server than the
+        one it was last seen under (``RedisTier.incarnation``: a snapshot loaded at a restart, a replica
+        promoted after a failover): its entries may be older than what was applied since, and nothing
+        else would ever tell. True when it fenced. Raises TierUnavailableError while L2 does not answer."""
+        current, recorded = await self.l2.incarnation(self.settings.redis.key_prefix)
+        if recorded is None or recorded == current:
+            return False
+        reason = (
+            f"{self.l2.name} holds a data set restored from another incarnation of the server (a snapshot "
+            "or append-only file loaded at a restart, or a replica promoted after a failover): its entries "
+            "may be older than the changes applied since"
+        )
+        if not self.settings.redis.fence_on_restore:
+            log.warning("%s; not fenced (FRESHKEY_REDIS_FENCE_ON_RESTORE=false)", reason)
+            return False
+        log.error("%s; fencing every namespace", reason)
+        self.processor.observers.on_event("tier_restored")
+        await self.fence(self.bindings, reason, cause="tier-restored")
+        return True
+
+    async def watch_incarnation(self) -> None:
+        """:meth:`check_incarnation` every :data:`INCARNATION_CHECK_S` once the tiers are ready; an L2
+        that does not answer is the processor's to wait for and fence (its outage path)."""
+        await self.ready.wait()
+        while True:
+            await asyncio.sleep(INCARNATION_CHECK_S)
+            try:
+                await self.check_incarnation()
+            except (TierUnavailableError, RedisError, OSError) as exc:
+                log.debug("identity of %s not checked now: %r", self.l2.name, exc)
 
     async def _on_primary_back(self) -> None:
         reason = f"{self.l2.name} was out of reach past the fence bound"

@@ -30,12 +30,12 @@ from redis.exceptions import RedisError
 from cache_writer.entries import Entry, read_entries, read_fields, read_namespace, scan_keys
 from cache_writer.exceptions import TierUnavailableError
 from cache_writer.hotness import ack_hits, read_hits
-from cache_writer.layout import invalidation_channel, is_signature_key, prefix_pattern
+from cache_writer.layout import incarnation_key, invalidation_channel, is_signature_key, prefix_pattern
 from cache_writer.redis import scripts
 from cache_writer.redis.batch import BATCH, DEFAULT_SCRIPT_BATCH, TIER_SCRIPTS, Command, ScriptCalls
 from cache_writer.redis.batch import SINGLE_CALL_MARK as SINGLE_CALL_MARK
 from cache_writer.redis.pipeline import RedirectStats, RedisClient, is_cluster, run_pipeline
-from cache_writer.redis.replies import as_bytes
+from cache_writer.redis.replies import as_bytes, as_text
 from cache_writer.redis.security import client_kwargs, l3_client_kwargs
 from cache_writer.settings import L3Settings, RedisSettings
 from cache_writer.signatures import (
@@ -277,6 +277,26 @@ class RedisTier:
                 channel=self.channel,
                 tier=self.name,
             )
+
+    async def incarnation(self, prefix: str) -> tuple[str, str | None]:
+        """The server's identity now and the one its data set was last seen under (None: never, or the
+        data set is new); the recorded one becomes the current one.
+
+        The identity is Redis's ``run_id`` (on a cluster, every primary's, sorted): it changes with every
+        restart and every failover. A recorded identity that differs means this data set comes from
+        another incarnation of the server: a snapshot or an append-only file loaded at a restart, or a
+        replica promoted after a failover. Either can hold entries older than what was applied since.
+        A server that came back empty has no record, and nothing stale."""
+        with self._answering():
+            if is_cluster(self._client):
+                infos = await self._client.info("server", target_nodes=aioredis.RedisCluster.PRIMARIES)
+                if "run_id" in infos:  # one primary: redis-py returns its answer, not a dict of them
+                    infos = {"": infos}
+                current = ",".join(sorted(str(info["run_id"]) for info in infos.values()))
+            else:
+                current = str((await self._client.info("server"))["run_id"])
+            recorded = await self._client.set(incarnation_key(prefix), current, get=True)
+        return current, None if recorded is None else as_text(recorded)
 
     async def mark_outer_fenced(self, prefix: str, namespaces: Iterable[str], since_ms: int | None) -> None:
         """Set (``since_ms``) or clear (None) the mark that tells readers an outer tier is fenced."""
