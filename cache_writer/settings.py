@@ -73,7 +73,8 @@ class RedisSettings(BaseSettings):
         True,
         description="Fence every namespace when L2's data set was restored from another incarnation of "
         "the server (a snapshot or append-only file loaded at a restart, a replica promoted after a "
-        "failover): its entries may be older than the changes applied since. Turn off only for a Redis "
+        "failover): its entries may be older than the changes applied since (an L3 is flushed instead). "
+        "Turn off only for a Redis "
         "whose restarts and failovers never lose an acknowledged write.",
     )
     ssl_ca: Path | None = Field(

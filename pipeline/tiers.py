@@ -8,9 +8,11 @@ tier is trusted again) and keeps the tiers of the processor and the cutovers in 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from typing import TYPE_CHECKING
 
 from redis.exceptions import RedisError
@@ -52,6 +54,7 @@ class Tiers:
         self.cutovers = cutovers
         self.ready = asyncio.Event()
         self._l2: RedisTier | None = None
+        self._outer: list[RedisTier] = []
         self._spawn = spawn
         self._on_fence = on_fence
         processor.on_primary_back = self._on_primary_back
@@ -72,6 +75,7 @@ class Tiers:
         outer = RedisTier.outer_from_settings(self.settings.redis, self.settings.l3)
         if outer is not None:
             tiers.append(outer)
+            self._outer = [outer]
         for tier in tiers:
             async for attempt in retrying(f"loading the scripts into {tier.name}"):
                 with attempt:
@@ -81,6 +85,9 @@ class Tiers:
                 await self.check_incarnation()
         self.processor.tiers[:] = tiers
         self.cutovers.tiers[:] = tiers
+        for tier in self._outer:  # before the first batch; one that does not answer now is looked at later
+            with contextlib.suppress(TierUnavailableError, RedisError, OSError):
+                await self.check_outer_incarnation(tier)
         self.ready.set()
         log.info("cache tiers ready: %s", ", ".join(t.name for t in tiers))
 
@@ -121,16 +128,40 @@ class Tiers:
         await self.fence(self.bindings, reason, cause="tier-restored")
         return True
 
+    async def check_outer_incarnation(self, tier: RedisTier) -> bool:
+        """:meth:`check_incarnation` for an outer tier (L3): one restored from another incarnation is
+        fenced as after an outage (skipped, marked for readers, flushed, then trusted again). True when it
+        fenced. A tier fenced already is only recorded: its flush removes whatever it was restored with."""
+        current, recorded = await tier.incarnation(self.settings.redis.key_prefix)
+        guard = self.processor.guard(tier)
+        if recorded is None or recorded == current or guard.state == "fenced":
+            return False
+        reason = f"{tier.name} holds a data set restored from another incarnation of the server"
+        if not self.settings.redis.fence_on_restore:
+            log.warning("%s; not fenced (FRESHKEY_REDIS_FENCE_ON_RESTORE=false)", reason)
+            return False
+        log.error("%s; it is skipped and flushed before it is trusted again", reason)
+        self.processor.observers.on_event("tier_restored")
+        guard.fence()
+        await self._on_outer_fenced(tier)
+        return True
+
     async def watch_incarnation(self) -> None:
-        """:meth:`check_incarnation` every :data:`INCARNATION_CHECK_S` once the tiers are ready; an L2
-        that does not answer is the processor's to wait for and fence (its outage path)."""
+        """:meth:`check_incarnation` (and :meth:`check_outer_incarnation`) every
+        :data:`INCARNATION_CHECK_S` once the tiers are ready; a tier that does not answer is the
+        processor's to wait for and fence (its outage path)."""
         await self.ready.wait()
         while True:
             await asyncio.sleep(INCARNATION_CHECK_S)
-            try:
-                await self.check_incarnation()
-            except (TierUnavailableError, RedisError, OSError) as exc:
-                log.debug("identity of %s not checked now: %r", self.l2.name, exc)
+            checks: list[tuple[str, Callable[[], Awaitable[bool]]]] = [
+                (self.l2.name, self.check_incarnation),
+                *[(tier.name, partial(self.check_outer_incarnation, tier)) for tier in self._outer],
+            ]
+            for name, check in checks:
+                try:
+                    await check()
+                except (TierUnavailableError, RedisError, OSError) as exc:
+                    log.debug("identity of %s not checked now: %r", name, exc)
 
     async def _on_primary_back(self) -> None:
         reason = f"{self.l2.name} was out of reach past the fence bound"

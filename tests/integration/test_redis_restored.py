@@ -8,8 +8,10 @@ snapshot ``SAVE`` wrote there), the session's MariaDB and Kafka broker, a connec
 processes. Staleness is judged as ``freshkey verify`` judges it (an entry of a signature that is not the
 active one is never served).
 
-Negative control: the same scenario with ``FRESHKEY_REDIS_FENCE_ON_RESTORE=false`` ends with the restored
-entry served, stale.
+An outer tier (L3) restored that way is skipped, flushed and trusted again, as after an outage.
+
+Negative controls: the same scenarios with ``FRESHKEY_REDIS_FENCE_ON_RESTORE=false`` end with the restored
+entry served, stale (L2), and still held (L3).
 """
 
 from __future__ import annotations
@@ -119,3 +121,61 @@ def test_a_redis_that_came_back_empty_is_not_fenced(
     finally:
         p.close()
         server.stop()
+
+
+def _restore_l3(mysql_service: MySQLService, kafka_bootstrap: str, tmp_path: Path, *, fence: bool) -> bytes:
+    """An outer tier (L3) restarted from a snapshot older than its entries; what it holds for row 1 after
+    the worker had the time to act on it (b"" for no entry)."""
+    l2 = LocalRedis(workdir=tmp_path / "l2").start()
+    workdir = tmp_path / "l3"
+    l3 = LocalRedis(workdir=workdir).start()
+    p = Pipeline(mysql_service, kafka_bootstrap, l2.url, tmp_path, version_column=False)
+    key = f"{p.prefix}:{{{p.namespace}}}:1"
+
+    def l3_value() -> bytes:
+        with redis_sync.Redis.from_url(l3.url) as client:
+            value = client.hget(key, "d")  # the entry's data (cache_writer.entries)
+        return value or b""
+
+    try:
+        env = {"FRESHKEY_REDIS_L3_URL": l3.url, "FRESHKEY_REDIS_FENCE_ON_RESTORE": str(fence).lower()}
+        p.start("connector")
+        p.start("worker", **env)
+        p.sql(INSERT, (1, "before the snapshot"))
+        p.wait(lambda: b"before the snapshot" in l3_value(), 60, "row 1 in L3")
+        time.sleep(1.5)  # the worker has recorded L3's identity
+        with redis_sync.Redis.from_url(l3.url) as client:
+            assert client.save()
+        p.sql(UPDATE, ("after the snapshot", 1))
+        p.wait(lambda: b"after the snapshot" in l3_value(), 60, "the update in L3")
+
+        port = l3.port
+        l3.stop()
+        l3 = LocalRedis(workdir=workdir, port=port).start()  # the older entry is back in L3
+        assert b"before the snapshot" in l3_value()
+        if fence:
+            p.wait(lambda: "flushed before it is trusted again" in p.logs(), 20, "the fence of L3")
+            p.wait(lambda: "answers again: flushed" in p.logs(), 30, "L3 flushed and trusted again")
+        else:
+            said = "not fenced (FRESHKEY_REDIS_FENCE_ON_RESTORE=false)"
+            p.wait(lambda: said in p.logs(), 20, "the warning")
+            time.sleep(3)  # as long as the fenced case takes to flush: the older entry stays all along
+        p.check_alive()
+        return l3_value()
+    finally:
+        p.close()
+        l3.stop()
+        l2.stop()
+
+
+def test_an_l3_restored_from_an_older_snapshot_is_flushed_before_it_is_trusted(
+    mysql_service: MySQLService, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    assert b"before the snapshot" not in _restore_l3(mysql_service, kafka_bootstrap, tmp_path, fence=True)
+
+
+def test_without_the_fence_the_restored_l3_keeps_the_older_entry(
+    mysql_service: MySQLService, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    held = _restore_l3(mysql_service, kafka_bootstrap, tmp_path, fence=False)
+    assert b"before the snapshot" in held, "the negative control: L3 still holds the restored entry"
