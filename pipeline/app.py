@@ -28,7 +28,7 @@ from pipeline.config import AllSettings, SettingsError, debezium_options
 from pipeline.context import SignatureLog, Worker
 from pipeline.cutover import Cutovers
 from pipeline.dead_letters import DeadLetterWriter
-from pipeline.faust_app import FreshkeyApp, forbid_topic_auto_creation
+from pipeline.faust_app import FreshkeyApp
 from pipeline.loaders import Loaders
 from pipeline.models import ModelRegistry
 from pipeline.observe.broker import BrokerOffsets
@@ -199,7 +199,7 @@ def create_app(settings: AllSettings, bindings: Bindings) -> Worker:
     )
 
     configure_telemetry(settings.telemetry, service="worker")
-    forbid_topic_auto_creation()
+    broker_topics.forbid_topic_auto_creation()
     progress = ConsumerProgress(
         kafka.change_topic,
         partitions=kafka.partitions,

@@ -23,87 +23,18 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from typing import Any, cast
 
 import faust
-from aiokafka import client as aiokafka_client
 from faust.tables import TableManager
 from faust.transport import consumer as faust_consumer
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP, Message
 
+from pipeline.intake import Intake
+
 log = logging.getLogger(__name__)
-
-
-class Intake:
-    """Messages of ``topics`` on their way from the fetch loop to the one task that consumes them.
-
-    The fetch loop :meth:`put`s each message and :meth:`flush`es after each fetch; :meth:`take` returns
-    up to ``max_`` of them, oldest first, once a fetch's worth is in (or ``batch`` are waiting), so a
-    batch is as full as the broker's answer without a timer. At ``capacity`` the fetch loop waits for
-    room (:meth:`wait_room`). :meth:`clear` drops what is waiting: Faust calls it when partitions are
-    revoked (its flow control), and the consumer seeks back to the committed offsets, so nothing is lost.
-    """
-
-    def __init__(self, topics: Collection[str], *, batch: int, capacity: int) -> None:
-        if batch < 1 or capacity < batch:
-            raise ValueError("an intake needs batch >= 1 and capacity >= batch")
-        self.topics = frozenset(topics)
-        self.batch = batch
-        self.capacity = capacity
-        self._items: list[Message] = []
-        self._ready = asyncio.Event()
-        self._room = asyncio.Event()
-        self._room.set()
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    @property
-    def full(self) -> bool:
-        return len(self._items) >= self.capacity
-
-    def put(self, message: Message) -> None:
-        items = self._items
-        items.append(message)
-        if len(items) >= self.batch:
-            self._ready.set()
-            if len(items) >= self.capacity:
-                self._room.clear()
-
-    def flush(self) -> None:
-        """The end of a fetch: whatever came in may be taken."""
-        if self._items:
-            self._ready.set()
-
-    async def take(self, max_: int, within_s: float = 0.0) -> list[Message]:
-        """Up to ``max_`` messages, in the order they were put; waits until there are some, then up to
-        ``within_s`` more for the batch to fill (0: what has come in is the batch)."""
-        while not self._items or not self._ready.is_set():
-            self._ready.clear()
-            await self._ready.wait()
-        if within_s > 0 and len(self._items) < max_:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(within_s):
-                    while len(self._items) < max_:
-                        self._ready.clear()
-                        await self._ready.wait()
-        batch = self._items[:max_]
-        del self._items[:max_]
-        if not self._items:
-            self._ready.clear()
-        if len(self._items) < self.capacity:
-            self._room.set()
-        return batch
-
-    async def wait_room(self) -> None:
-        await self._room.wait()
-
-    def clear(self) -> None:
-        self._items.clear()
-        self._ready.clear()
-        self._room.set()
 
 
 class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
@@ -356,27 +287,6 @@ class FreshkeyApp(faust.App):
         return self.flow_control.is_active() and message.generation_id == self.consumer_generation_id
 
 
-class _MetadataRequest(aiokafka_client.MetadataRequest):
-    """aiokafka's metadata request with topic auto-creation off (it always asks for it, with no setting)."""
-
-    def __init__(
-        self, topics: list[str] | None = None, allow_auto_topic_creation: bool | None = None
-    ) -> None:
-        super().__init__(topics, allow_auto_topic_creation=False)
-
-
-def forbid_topic_auto_creation() -> None:
-    """Make every aiokafka client of this process ask for metadata without topic auto-creation.
-
-    aiokafka asks a broker to create every topic it looks up. A broker that lost its data (Tansu's memory
-    storage after a restart, an Apache Kafka whose volume is gone) then recreates the change topic at
-    the worker's first look, with the broker's default partition count (4 on Tansu): the connector
-    refuses that topic and stops, and the dead-letter, model-update and hotness topics would come back
-    with the wrong partition counts and configs. Without auto-creation the connector recreates the change
-    topic (and fences every namespace), and :mod:`pipeline.agents.broker_topics` the worker's own topics."""
-    aiokafka_client.MetadataRequest = _MetadataRequest
-
-
 def freeze_gc() -> None:
     """Move everything allocated so far (the imported modules, the app) out of the cyclic collector's
     reach: a full collection then walks only what the worker allocates later. With torch imported a full
@@ -420,4 +330,4 @@ class FreshkeyWorker(faust.Worker):
         os._exit(0)
 
 
-__all__ = ["FreshkeyApp", "FreshkeyWorker", "Intake", "forbid_topic_auto_creation", "freeze_gc"]
+__all__ = ["FreshkeyApp", "FreshkeyWorker", "Intake", "freeze_gc"]

@@ -30,6 +30,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+_ANOTHER_INCARNATION = (
+    "another incarnation of the server (a snapshot or append-only file loaded at a restart, or a replica "
+    "promoted after a failover): its entries may be older than the changes applied since"
+)
+
 INCARNATION_CHECK_S = 1.0
 """How often the worker asks L2 whether its data set was restored from another incarnation of the server
 (:meth:`Tiers.check_incarnation`): the longest a restored snapshot's entries are served unfenced."""
@@ -111,40 +116,48 @@ class Tiers:
         """Fence every namespace when L2's data set comes from another incarnation of the server than the
         one it was last seen under (``RedisTier.incarnation``: a snapshot loaded at a restart, a replica
         promoted after a failover): its entries may be older than what was applied since, and nothing
-        else would ever tell. True when it fenced. Raises TierUnavailableError while L2 does not answer."""
-        current, recorded = await self.l2.incarnation(self.settings.redis.key_prefix)
-        if recorded is None or recorded == current:
+        else would ever tell. True when it fenced. The new identity is recorded only after the fence, so
+        a fence that fails is tried again at the next look. Raises TierUnavailableError while L2 does not
+        answer."""
+        prefix = self.settings.redis.key_prefix
+        current, recorded = await self.l2.incarnation(prefix)
+        if recorded == current:
             return False
-        reason = (
-            f"{self.l2.name} holds a data set restored from another incarnation of the server (a snapshot "
-            "or append-only file loaded at a restart, or a replica promoted after a failover): its entries "
-            "may be older than the changes applied since"
-        )
-        if not self.settings.redis.fence_on_restore:
-            log.warning("%s; not fenced (FRESHKEY_REDIS_FENCE_ON_RESTORE=false)", reason)
-            return False
-        log.error("%s; fencing every namespace", reason)
-        self.processor.observers.on_event("tier_restored")
-        await self.fence(self.bindings, reason, cause="tier-restored")
-        return True
+        fenced = False
+        if recorded is not None:
+            reason = f"{self.l2.name} holds a data set restored from {_ANOTHER_INCARNATION}"
+            if self.settings.redis.fence_on_restore:
+                log.error("%s; fencing every namespace", reason)
+                self.processor.observers.on_event("tier_restored")
+                await self.fence(self.bindings, reason, cause="tier-restored")
+                fenced = True
+            else:
+                log.warning("%s; not fenced (FRESHKEY_REDIS_FENCE_ON_RESTORE=false)", reason)
+        await self.l2.record_incarnation(prefix, current)
+        return fenced
 
     async def check_outer_incarnation(self, tier: RedisTier) -> bool:
         """:meth:`check_incarnation` for an outer tier (L3): one restored from another incarnation is
         fenced as after an outage (skipped, marked for readers, flushed, then trusted again). True when it
         fenced. A tier fenced already is only recorded: its flush removes whatever it was restored with."""
-        current, recorded = await tier.incarnation(self.settings.redis.key_prefix)
+        prefix = self.settings.redis.key_prefix
+        current, recorded = await tier.incarnation(prefix)
+        if recorded == current:
+            return False
         guard = self.processor.guard(tier)
-        if recorded is None or recorded == current or guard.state == "fenced":
-            return False
-        reason = f"{tier.name} holds a data set restored from another incarnation of the server"
-        if not self.settings.redis.fence_on_restore:
-            log.warning("%s; not fenced (FRESHKEY_REDIS_FENCE_ON_RESTORE=false)", reason)
-            return False
-        log.error("%s; it is skipped and flushed before it is trusted again", reason)
-        self.processor.observers.on_event("tier_restored")
-        guard.fence()
-        await self._on_outer_fenced(tier)
-        return True
+        fenced = False
+        if recorded is not None and guard.state != "fenced":
+            reason = f"{tier.name} holds a data set restored from {_ANOTHER_INCARNATION}"
+            if self.settings.redis.fence_on_restore:
+                log.error("%s; it is skipped and flushed before it is trusted again", reason)
+                self.processor.observers.on_event("tier_restored")
+                guard.fence()
+                await self._on_outer_fenced(tier)
+                fenced = True
+            else:
+                log.warning("%s; not fenced (FRESHKEY_REDIS_FENCE_ON_RESTORE=false)", reason)
+        await tier.record_incarnation(prefix, current)
+        return fenced
 
     async def watch_incarnation(self) -> None:
         """:meth:`check_incarnation` (and :meth:`check_outer_incarnation`) every

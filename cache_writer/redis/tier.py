@@ -279,8 +279,9 @@ class RedisTier:
             )
 
     async def incarnation(self, prefix: str) -> tuple[str, str | None]:
-        """The server's identity now and the one its data set was last seen under (None: never, or the
-        data set is new); the recorded one becomes the current one.
+        """The server's identity now, and the one its data set was last seen under (None: never, or the
+        data set is new). :meth:`record_incarnation` records the current one, once whatever a difference
+        calls for is done (a fence that failed is then tried again at the next look).
 
         The identity is Redis's ``run_id`` (on a cluster, every primary's, sorted): it changes with every
         restart and every failover. A recorded identity that differs means this data set comes from
@@ -295,8 +296,13 @@ class RedisTier:
                 current = ",".join(sorted(str(info["run_id"]) for info in infos.values()))
             else:
                 current = str((await self._client.info("server"))["run_id"])
-            recorded = await self._client.set(incarnation_key(prefix), current, get=True)
+            recorded = await self._client.get(incarnation_key(prefix))
         return current, None if recorded is None else as_text(recorded)
+
+    async def record_incarnation(self, prefix: str, identity: str) -> None:
+        """Record ``identity`` (:meth:`incarnation`) as the one the data set is seen under."""
+        with self._answering():
+            await self._client.set(incarnation_key(prefix), identity)
 
     async def mark_outer_fenced(self, prefix: str, namespaces: Iterable[str], since_ms: int | None) -> None:
         """Set (``since_ms``) or clear (None) the mark that tells readers an outer tier is fenced."""

@@ -136,18 +136,27 @@ def _create(
     return sorted(created)
 
 
-def restore_topics(
-    settings: KafkaSettings, wanted: Mapping[str, TopicSpec], *, timeout_s: float = 10.0
-) -> tuple[list[str], list[str]]:
-    """Create those of ``wanted`` the broker does not have, as specified; returns (the topics created,
-    every topic the broker has), both sorted. For a process that must not wait for a broker's
-    auto-creation: with it off, a topic lost with a broker's data never comes back; with it on, it comes
-    back with the broker's default partition count and configs."""
-    admin, errors = _admin(settings)
-    existing = _list_topics(settings, admin, errors, timeout_s)
-    missing = {t: spec for t, spec in wanted.items() if t not in existing}
-    created = _create(settings, admin, missing, timeout_s) if missing else []
-    return created, sorted(set(existing) | set(created))
+class TopicRestorer:
+    """Creates the topics a process owns when the broker does not have them (:meth:`restore`), with one
+    admin client for its whole life: a process that looks every few seconds would otherwise open a new
+    client (threads, a connection, a metadata request) at each look. librdkafka reconnects it by itself
+    after a broker restart."""
+
+    def __init__(self, settings: KafkaSettings) -> None:
+        self.settings = settings
+        self._admin, self._errors = _admin(settings)
+
+    def restore(
+        self, wanted: Mapping[str, TopicSpec], *, timeout_s: float = 10.0
+    ) -> tuple[list[str], list[str]]:
+        """Create those of ``wanted`` the broker does not have, as specified; returns (the topics created,
+        every topic the broker has), both sorted. For a process that must not wait for a broker's
+        auto-creation: with it off, a topic lost with a broker's data never comes back; with it on, it
+        comes back with the broker's default partition count and configs."""
+        existing = _list_topics(self.settings, self._admin, self._errors, timeout_s)
+        missing = {t: spec for t, spec in wanted.items() if t not in existing}
+        created = _create(self.settings, self._admin, missing, timeout_s) if missing else []
+        return created, sorted(set(existing) | set(created))
 
 
 def ensure_topics(

@@ -1,6 +1,6 @@
 """The worker's topics, kept on the broker: a broker that lost its data (a restart of Tansu's memory
 storage, an Apache Kafka whose volume is gone, a deleted topic) comes back without them, and the worker
-never has them auto-created (:func:`pipeline.faust_app.forbid_topic_auto_creation`).
+never has them auto-created (:func:`forbid_topic_auto_creation`).
 
 Every :data:`CHECK_EVERY_S` the worker lists the broker's topics. Those it writes or reads itself (dead
 letters, model updates, hotness, SLA violations, its tables' changelogs) it recreates as they were
@@ -15,8 +15,10 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterable, Mapping
 
+from aiokafka import client as aiokafka_client
+
 from connectors.exceptions import ConfigurationError, ConnectorError
-from connectors.kafka.topics import TopicSpec, restore_topics
+from connectors.kafka.topics import TopicRestorer, TopicSpec
 from pipeline.context import Worker
 
 log = logging.getLogger(__name__)
@@ -30,6 +32,27 @@ METADATA_MAX_AGE_MS = 5_000
 """How often the worker's consumer refreshes the broker's metadata (one request of a few topics):
 aiokafka's default, 5 min, kept a worker that joined while the change topic was missing from reading it
 for that long after the connector recreated it."""
+
+
+class _MetadataRequest(aiokafka_client.MetadataRequest):
+    """aiokafka's metadata request with topic auto-creation off (it always asks for it, with no setting)."""
+
+    def __init__(
+        self, topics: list[str] | None = None, allow_auto_topic_creation: bool | None = None
+    ) -> None:
+        super().__init__(topics, allow_auto_topic_creation=False)
+
+
+def forbid_topic_auto_creation() -> None:
+    """Make every aiokafka client of this process ask for metadata without topic auto-creation.
+
+    aiokafka asks a broker to create every topic it looks up. A broker that lost its data (Tansu's memory
+    storage after a restart, an Apache Kafka whose volume is gone) then recreates the change topic at
+    the worker's first look, with the broker's default partition count (4 on Tansu): the connector
+    refuses that topic and stops, and the dead-letter, model-update and hotness topics would come back
+    with the wrong partition counts and configs. Without auto-creation the connector recreates the change
+    topic (and fences every namespace), and :func:`install` the worker's own topics."""
+    aiokafka_client.MetadataRequest = _MetadataRequest
 
 
 def owned_topics(w: Worker) -> dict[str, TopicSpec]:
@@ -96,11 +119,12 @@ def install(w: Worker) -> None:
     async def keep_topics() -> None:
         # Built once the app runs: every table is declared by then.
         keeper = TopicKeeper(owned_topics(w), w.topics["changes"].topics, w.processor.observers.on_event)
+        restorer = TopicRestorer(kafka)
         refused = ""
         while True:
             await asyncio.sleep(CHECK_EVERY_S)
             try:
-                created, existing = await asyncio.to_thread(restore_topics, kafka, keeper.own)
+                created, existing = await asyncio.to_thread(restorer.restore, keeper.own)
             except ConfigurationError as exc:  # a creation the broker refuses: said once, tried again
                 if str(exc) != refused:
                     log.error("the worker cannot recreate its topics: %s", exc)

@@ -24,8 +24,8 @@ import pytest
 from aiokafka import client as aiokafka_client
 from confluent_kafka.admin import AdminClient
 
+from pipeline.agents.broker_topics import forbid_topic_auto_creation
 from pipeline.embedded import LocalKafka
-from pipeline.faust_app import forbid_topic_auto_creation
 from tests.support.pipeline import Pipeline
 from tests.support.services import MySQLService, running
 

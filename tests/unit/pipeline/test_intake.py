@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from pipeline.faust_app import FreshkeyApp, Intake
+from pipeline.faust_app import FreshkeyApp
+from pipeline.intake import Intake
 
 
 @dataclass

@@ -13,6 +13,7 @@ from confluent_kafka import KafkaError
 
 import connectors.kafka.producer as producer_module
 from connectors.exceptions import ConfigurationError, DeliveryError
+from connectors.kafka.acks import MAX_SPANS, AckedOffsets
 from connectors.kafka.producer import RECORD_OVERHEAD_BYTES, ChangeProducer, MessageLimit
 from connectors.settings import KafkaSettings
 
@@ -208,18 +209,18 @@ def test_an_offset_acknowledged_twice_fails_the_session(producer: ChangeProducer
     [([5, 3, 4, 9, 7, 8, 6], 6), ([1, 3, 5, 7, 2], 3), ([0, 2, 1], 0), ([4, 2, 3], 4)],
 )
 def test_acked_offsets_finds_every_offset_seen_twice_in_any_order(order: list[int], twice: int) -> None:
-    acked = producer_module.AckedOffsets()
+    acked = AckedOffsets()
     assert all(acked.add(offset) for offset in order)
     assert not acked.add(twice)
     assert acked.add(max(order) + 1)
 
 
 def test_acked_offsets_keeps_a_bounded_number_of_runs() -> None:
-    acked = producer_module.AckedOffsets()
-    for offset in range(0, 4 * producer_module.MAX_SPANS, 2):  # another producer takes every other offset
+    acked = AckedOffsets()
+    for offset in range(0, 4 * MAX_SPANS, 2):  # another producer takes every other offset
         assert acked.add(offset)
-    assert len(acked.spans) == producer_module.MAX_SPANS
-    assert not acked.add(4 * producer_module.MAX_SPANS - 2)
+    assert len(acked.spans) == MAX_SPANS
+    assert not acked.add(4 * MAX_SPANS - 2)
 
 
 def test_an_offset_below_the_ends_of_earlier_sessions_fails_the_session() -> None:
