@@ -248,6 +248,7 @@ class ConnectorRun:
             version_source=self.connector.version_source,
             read_timeout_s=self.connector.mysql_read_timeout_s,
             checkpoint=self.store.path,
+            fast_rows=self.connector.fast_rows,
         )
         self.metrics.checkpoint_ages.append(saver.age)
         clean = False

@@ -37,6 +37,7 @@ from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, Write
 
 from connectors.binlog.ddl import mentioned_databases, statement_kind, translate_ddl
 from connectors.binlog.positions import ER_MASTER_FATAL_ERROR_READING_BINLOG, binary_logs, refusal_error
+from connectors.binlog.rowdecode import RowDecoder, as_is, decode_rows, row_decoder
 from connectors.binlog.tablemaps import DumpConnection, TableMapGuard
 from connectors.binlog.translate import (
     EventOrigin,
@@ -69,6 +70,17 @@ class Tick:
 SourceItem = ChangeEvent | DdlEvent | DeadLetter | Boundary | Tick
 
 
+@dataclass(frozen=True, slots=True)
+class _TableMap:
+    """What the source makes once per table map: the types of its columns, the converter of
+    pymysqlreplication's images and the decoder of its rows (None where its types are not covered)."""
+
+    columns: object
+    types: dict[str, ColumnType]
+    converter: RowConverter
+    decoder: RowDecoder | None
+
+
 _ROWS_EVENTS = frozenset({WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent})
 """The rows events the reader yields: it filters on exact classes (``only_events``), so an event is one of
 these or of another class, never a subclass of them (MySQL's PartialUpdateRowsEvent is not asked for)."""
@@ -88,6 +100,8 @@ class BinlogSource:
     ``read_timeout_s``: a connection that brings nothing (not even the server's heartbeat, sent every
     second while idle) for this long is taken as lost (pymysql then raises error 2013).
     ``checkpoint``: only named in the error raised when the server cannot serve ``start``.
+    ``fast_rows``: decode rows straight from the events' bytes where their types allow
+    (:mod:`connectors.binlog.rowdecode`); False reads every row with pymysqlreplication.
     """
 
     def __init__(
@@ -100,6 +114,7 @@ class BinlogSource:
         blocking: bool = True,
         read_timeout_s: float | None = None,
         checkpoint: Path | None = None,
+        fast_rows: bool = True,
     ) -> None:
         self._settings = settings
         self._tables = {(db, table) for db, table in tables}
@@ -109,11 +124,12 @@ class BinlogSource:
         self._blocking = blocking
         self._read_timeout_s = read_timeout_s
         self._checkpoint = checkpoint
+        self._decode_rows = fast_rows
         self._stream: BinLogStreamReader | None = None
         # Column types per table (schemas.values): the table map's, refined from information_schema for
         # what it cannot name (MariaDB JSON, UUID, INET); refreshed after DDL on the table's database.
         self._refine: dict[tuple[str, str], dict[str, ColumnType]] = {}
-        self._types: dict[tuple[str, str], tuple[object, dict[str, ColumnType], RowConverter]] = {}
+        self._types: dict[tuple[str, str], _TableMap] = {}
 
     def _open(self) -> BinLogStreamReader:
         connection = settings = self._settings.connection_kwargs()
@@ -220,32 +236,45 @@ class BinlogSource:
             else "delete"
         )
         pk = event.primary_key
-        types, converter = self._column_types(event)
+        table = self._table_map(event)
+        converter = table.converter
+        # Straight from the event's bytes where the table's column types allow (connectors.binlog.
+        # rowdecode: the same images); else pymysqlreplication's rows, converted per image.
+        rows = decode_rows(table.decoder, event, kind == "update")
+        if rows is None:
+            rows = event.rows
+        else:
+            converter = as_is
         return RowsEvent(
             kind=kind,
             schema=str(event.schema),
             table=str(event.table),
             primary_key=(pk,) if isinstance(pk, str) and pk else tuple(pk or ()),
-            rows=event.rows,
-            column_types=types,
+            rows=rows,
+            column_types=table.types,
             origin=self._origin(event, file, gtid),
             row_converter=converter,
         )
 
-    def _column_types(self, event: Any) -> tuple[dict[str, ColumnType], RowConverter]:
-        """The column types of a rows event's table and the converter of its images, made once per
-        table map (the reader keeps a table map's columns while its bytes stay the same)."""
+    def _table_map(self, event: Any) -> _TableMap:
+        """The column types of a rows event's table, the converter of its images and its row decoder,
+        made once per table map (the reader keeps a table map's columns while its bytes stay the same)."""
         table = (str(event.schema), str(event.table))
         cached = self._types.get(table)
-        if cached is not None and cached[0] is event.columns:
-            return cached[1], cached[2]
+        if cached is not None and cached.columns is event.columns:
+            return cached
         refine = self._refine.get(table)
         if refine is None:
             refine = self._refine[table] = column_types(self._settings, *table)
         types = binlog_column_types(event.columns, refine)
-        converter = binlog_row_converter(types)
-        self._types[table] = (event.columns, types, converter)
-        return types, converter
+        made = _TableMap(
+            columns=event.columns,
+            types=types,
+            converter=binlog_row_converter(types),
+            decoder=row_decoder(event.columns, types) if self._decode_rows else None,
+        )
+        self._types[table] = made
+        return made
 
     def caught_up(self) -> bool:
         """True when the binlog has nothing more to read now (the next event is not written yet): the

@@ -82,6 +82,9 @@ from schemas import ChangeEvent
 DATABASE = "freshkey_path"
 TABLES = {"single": "single_rows", "multi": "multi_rows"}
 MODES = ("raw", "source", "encode", "send")
+EXTRA_MODES = ("source-pmr",)
+"""``source-pmr``: ``source`` with every row read by pymysqlreplication (``fast_rows=False``, the source
+before connectors.binlog.rowdecode), to measure the two side by side."""
 ROW_TABLE_DDL = """
 CREATE TABLE {db}.{table} (
   id INT PRIMARY KEY,
@@ -246,12 +249,13 @@ def measure_raw(mysql: MySQLSettings, backlog: Backlog) -> Figure:
     )
 
 
-def _source(mysql: MySQLSettings, backlog: Backlog) -> BinlogSource:
+def _source(mysql: MySQLSettings, backlog: Backlog, fast_rows: bool = True) -> BinlogSource:
     return BinlogSource(
         mysql,
         [(DATABASE, TABLES[backlog.kind])],
         start=BinlogPosition(*backlog.start),
         blocking=False,
+        fast_rows=fast_rows,
     )
 
 
@@ -276,8 +280,8 @@ def _drain(
     return rows
 
 
-def measure_source(mysql: MySQLSettings, backlog: Backlog) -> Figure:
-    source = _source(mysql, backlog)
+def measure_source(mysql: MySQLSettings, backlog: Backlog, fast_rows: bool = True) -> Figure:
+    source = _source(mysql, backlog, fast_rows)
     return _timed(lambda: _drain(source, backlog, lambda item: None, lambda position: None))
 
 
@@ -353,7 +357,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--insert-rows", type=int, default=1_000)
     parser.add_argument("--rows", type=int, default=1_000)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--modes", default=",".join(MODES), help=f"of {', '.join(MODES + EXTRA_MODES)}")
     parser.add_argument("--kinds", default="single,multi")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument(
@@ -363,6 +367,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
+    unknown = set(modes) - set(MODES + EXTRA_MODES)
+    if unknown:
+        known = ", ".join(MODES + EXTRA_MODES)
+        parser.error(f"unknown --modes {', '.join(sorted(unknown))}: choose from {known}")
     kinds = [k for k in args.kinds.split(",") if k]
     results: dict[str, dict[str, list[Figure]]] = {k: {m: [] for m in modes} for k in kinds}
     with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="freshkey-path-") as root:
@@ -380,6 +388,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                         figure = measure_raw(mysql, backlog)
                     elif mode == "source":
                         figure = measure_source(mysql, backlog)
+                    elif mode == "source-pmr":
+                        figure = measure_source(mysql, backlog, fast_rows=False)
                     elif mode == "encode":
                         figure = measure_encode(mysql, kafka, backlog)
                     else:
@@ -408,7 +418,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                     )
                     + ")"
                 )
-            print(f"  {mode:7s} {cpu:7.1f} CPU µs/row  {rate:9,.0f} rows/s{ratio}{split}")
+            print(f"  {mode:10s} {cpu:7.1f} CPU µs/row  {rate:9,.0f} rows/s{ratio}{split}")
             report.setdefault(kind, {})[mode] = {"cpu_us_per_row": cpu, "rows_per_s": rate}
     if args.json is not None:
         args.json.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
