@@ -5,16 +5,20 @@ for every value, a method call per byte read, a ``datetime`` built and then form
 :mod:`schemas.values`): on the connector's backlogs that was half of its CPU. :func:`row_decoder` makes,
 once per table map, a decoder for the table's columns that reads each value from the event's bytes and
 gives what ``binlog_row_converter(types)(values, none_sources)`` gives for pymysqlreplication's value:
-the same images, the same None for values it could not read (a zero DATETIME), the same errors.
+the same images, the same None for values it could not read (a zero DATETIME).
 
 It covers the column types of most tables (integers, FLOAT and DOUBLE, CHAR/VARCHAR/TEXT/BLOB in any
-character set, ENUM, YEAR, DATE, DATETIME and TIMESTAMP with fractions) in full row images. A table with
-any other column type (DECIMAL, TIME, BIT, SET, JSON, GEOMETRY), a partial image (``binlog_row_image``
-other than FULL), an event in a form it does not expect, or any value it cannot decode exactly as
-pymysqlreplication does (an invalid date raises there, a byte sequence its character set refuses)
-makes :func:`decode_rows` return None, and the caller reads the event with pymysqlreplication as before:
-nothing is decoded differently, only faster. ``tests/integration/test_binlog_rowdecode.py`` holds the
-two equal on every covered type, row by row, against a real server's binlog.
+character set, DECIMAL, ENUM, YEAR, DATE, DATETIME and TIMESTAMP with fractions) in full row images. A
+table with any other column type (TIME, BIT, SET, JSON, GEOMETRY), a partial image (``binlog_row_image``
+other than FULL), an event in a form it does not expect, or a value it cannot decode exactly as
+pymysqlreplication does (a byte sequence its character set refuses: pymysqlreplication raises) makes
+:func:`decode_rows` return None, and the caller reads the event with pymysqlreplication as before:
+nothing is decoded differently, only faster.
+
+One difference, on purpose: a DATE that is no calendar day (``2024-02-30``, which MySQL stores under
+``ALLOW_INVALID_DATES``) is None, as a direct read maps it; pymysqlreplication raises there, and the
+connector stopped at that event. ``tests/integration/test_binlog_rowdecode.py`` holds the two equal on
+every covered type, row by row, against a real server's binlog, and shows that difference.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import codecs
 import datetime as dt
 import struct
 from collections.abc import Callable, Mapping, Sequence
+from decimal import Decimal
 from typing import Any
 
 from pymysql.charset import charset_by_name
@@ -41,7 +46,9 @@ Decoded = list[dict[str, Any]]
 # MySQL protocol field types (include/field_types.h), as pymysqlreplication's table map leaves them.
 _TINY, _SHORT, _LONG, _FLOAT, _DOUBLE, _LONGLONG, _INT24 = 1, 2, 3, 4, 5, 8, 9
 _DATE, _YEAR, _VARCHAR, _TIMESTAMP2, _DATETIME2 = 10, 13, 15, 17, 18
-_ENUM, _BLOB, _STRING = 247, 252, 254
+_NEWDECIMAL, _ENUM, _BLOB, _STRING = 246, 247, 252, 254
+_DECIMAL_BYTES = (0, 1, 1, 2, 2, 3, 3, 4, 4, 4)
+"""Bytes of a DECIMAL group of 0-8 leftover digits (9 digits take 4 bytes)."""
 
 _INTEGERS = {
     _TINY: (struct.Struct("<b"), struct.Struct("<B")),
@@ -148,11 +155,53 @@ def _timestamp2_reader(fsp: int) -> Reader:
 
 
 def _date(data: bytes, pos: int) -> tuple[object, int]:
+    """DATE as pymysqlreplication reads it (None for the zero date and zero parts), except a day the
+    month does not have (``2024-02-30``, stored under ``ALLOW_INVALID_DATES``): None, as a direct read
+    maps it (schemas.values), where pymysqlreplication raises and no row of the event could be read."""
     packed = int.from_bytes(data[pos : pos + 3], "little")
     year, month, day = (packed >> 9) & 0x7FFF, (packed >> 5) & 0xF, packed & 0x1F
     if not (year and month and day):
         return None, pos + 3
-    return _DATE_T(year, month, day), pos + 3  # an invalid date raises, as there
+    try:
+        return _DATE_T(year, month, day), pos + 3
+    except ValueError:
+        return None, pos + 3
+
+
+def _decimal_reader(precision: int, scale: int) -> Reader:
+    """pymysqlreplication's ``__read_new_decimal``: the ``Decimal`` of MySQL's packed DECIMAL(p, s), its
+    sign in the first byte's high bit, each group of 9 digits in 4 big-endian bytes, the digits left
+    over in fewer; a negative number stores every byte inverted."""
+    whole_groups, whole_rest = divmod(precision - scale, 9)
+    fraction_groups, fraction_rest = divmod(scale, 9)
+    parts = (
+        [(_DECIMAL_BYTES[whole_rest], 0)] * bool(whole_rest)
+        + [(4, 9)] * whole_groups
+        + [(0, -1)]  # the decimal point
+        + [(4, 9)] * fraction_groups
+        + [(_DECIMAL_BYTES[fraction_rest], fraction_rest)] * bool(fraction_rest)
+    )
+    size = sum(n for n, _ in parts)
+
+    def decimal(data: bytes, pos: int) -> tuple[object, int]:
+        raw = bytearray(data[pos : pos + size])
+        if len(raw) != size:
+            raise _Refused("a DECIMAL runs past the event")
+        negative = not raw[0] & 0x80
+        raw[0] ^= 0x80
+        mask = -1 if negative else 0
+        text = ["-"] if negative else []
+        at = 0
+        for width, digits in parts:
+            if digits < 0:
+                text.append(".")
+                continue
+            group = int.from_bytes(raw[at : at + width], "big", signed=True) ^ mask
+            text.append(f"{group:0{digits}d}" if digits else str(group))
+            at += width
+        return Decimal("".join(text)), pos + size
+
+    return decimal
 
 
 def _year(data: bytes, pos: int) -> tuple[object, int]:
@@ -201,6 +250,8 @@ def _column_reader(column: Any, kind: str) -> tuple[Reader, bool] | None:
         return _date, False
     if code == _YEAR:
         return _year, False
+    if code == _NEWDECIMAL and 0 < column.precision <= 65 and 0 <= column.decimals <= column.precision:
+        return _decimal_reader(column.precision, column.decimals), False
     if code == _ENUM and column.enum_values and column.size in (1, 2):
         members, size = tuple(column.enum_values), column.size
 

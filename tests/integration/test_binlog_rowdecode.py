@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from collections.abc import Iterator
+from decimal import Decimal
 from typing import Any
 
 import pymysql
@@ -25,7 +26,7 @@ from pymysqlreplication.row_event import UpdateRowsEvent
 from connectors.binlog.rowdecode import decode_rows, row_decoder
 from connectors.binlog.source import BinlogSource
 from connectors.checkpoint import BinlogPosition
-from connectors.database import column_types
+from connectors.database import column_types, read_table
 from schemas import ChangeEvent
 from schemas.values import binlog_column_types, binlog_row_converter
 from tests.support.services import MySQLService
@@ -40,6 +41,7 @@ COVERED = (
     "MEDIUMINT",
     "INT",
     "BIGINT",
+    "DECIMAL",
     "FLOAT",
     "DOUBLE",
     "DATE",
@@ -223,12 +225,15 @@ def random_row(draw: st.DrawFn) -> tuple[Any, ...]:
         draw(st.binary(max_size=300)),
         draw(st.one_of(st.none(), st.sampled_from(["x", "y", "zz"]))),
         draw(st.integers(1901, 2155)),
+        str(Decimal(draw(st.integers(-(10**30) + 1, 10**30 - 1))).scaleb(-10)),
+        str(Decimal(draw(st.integers(-9999, 9999))).scaleb(-4)),
     )
 
 
 RANDOM_COLUMNS = (
     "bi BIGINT, mi MEDIUMINT, miu MEDIUMINT UNSIGNED, d DOUBLE, f FLOAT, dt6 DATETIME(6), dt3 DATETIME(3), "
-    "ts TIMESTAMP(6) NULL, da DATE, vc VARCHAR(300), tx TEXT, bl BLOB, en ENUM('x','y','zz'), yr YEAR"
+    "ts TIMESTAMP(6) NULL, da DATE, vc VARCHAR(300), tx TEXT, bl BLOB, en ENUM('x','y','zz'), yr YEAR, "
+    "de DECIMAL(30,10), df DECIMAL(4,4)"
 )
 
 
@@ -240,7 +245,7 @@ def test_random_rows_decode_alike(
     mysql, name, _ = database
     table = f"r{uuid.uuid4().hex[:8]}"
     run(mysql, f"CREATE TABLE {name}.{table} (id INT PRIMARY KEY, {RANDOM_COLUMNS}) DEFAULT CHARSET=utf8mb4")
-    marks = ", ".join(["%s"] * 15)
+    marks = ", ".join(["%s"] * 17)
     start = run(
         mysql,
         *[f"INSERT INTO {name}.{table} VALUES ({marks})" for _ in rows],
@@ -254,17 +259,17 @@ def test_random_rows_decode_alike(
 def test_what_it_does_not_cover_is_handed_back_and_the_source_reads_it_alike(
     database: tuple[MySQLService, str, bool],
 ) -> None:
-    """A DECIMAL column, or a partial row image, is pymysqlreplication's to read: the decoder hands the
+    """A TIME column, or a partial row image, is pymysqlreplication's to read: the decoder hands the
     event back (None), and the source's changes are the same with and without the decoder."""
     mysql, name, _ = database
     run(
         mysql,
-        f"CREATE TABLE {name}.dec (id INT PRIMARY KEY, price DECIMAL(10,2), at DATETIME(6))",
+        f"CREATE TABLE {name}.dec (id INT PRIMARY KEY, took TIME(3), at DATETIME(6))",
         f"CREATE TABLE {name}.fast (id INT PRIMARY KEY, v VARCHAR(20), at DATETIME(6), n BIGINT)",
     )
     start = run(
         mysql,
-        f"INSERT INTO {name}.dec VALUES (1, 9.99, '2024-01-01 00:00:00.5'), (2, NULL, NULL)",
+        f"INSERT INTO {name}.dec VALUES (1, '-00:00:01.5', '2024-01-01 00:00:00.5'), (2, NULL, NULL)",
         f"INSERT INTO {name}.fast VALUES (1, 'é', '2024-01-01 00:00:00.5', -1), (2, NULL, NULL, NULL)",
         "SET SESSION binlog_row_image = 'MINIMAL'",
         f"UPDATE {name}.fast SET v = 'x' WHERE id = 1",
@@ -294,3 +299,25 @@ def test_what_it_does_not_cover_is_handed_back_and_the_source_reads_it_alike(
 
     assert changes(True) == changes(False)
     assert len(changes(True)) == 6
+
+
+def test_a_date_that_is_no_calendar_day_is_none_as_a_direct_read_maps_it(
+    database: tuple[MySQLService, str, bool],
+) -> None:
+    """``2024-02-30`` (stored under ALLOW_INVALID_DATES): pymysqlreplication raises on the whole event,
+    which stopped the connector there; the decoder gives None, as a direct read of the row maps it."""
+    mysql, name, _ = database
+    run(mysql, f"CREATE TABLE {name}.d (id INT PRIMARY KEY, da DATE, n INT)")
+    start = run(mysql, f"INSERT INTO {name}.d VALUES (1, '2024-02-30', 1), (2, '2024-02-28', 2)")
+    stream = binlog_stream(mysql, start, name, "d")
+    try:
+        (event,) = list(stream)
+        types = binlog_column_types(event.columns, column_types(admin_settings(mysql), name, "d"))
+        fast = decode_rows(row_decoder(event.columns, types), event, False)
+        with pytest.raises(ValueError, match="day is out of range"):
+            event.rows  # noqa: B018 - pymysqlreplication decodes on access
+    finally:
+        stream.close()
+    read = {row["id"]: row for row in read_table(admin_settings(mysql), name, "d")}
+    assert fast == [{"values": read[1]}, {"values": read[2]}]
+    assert read[1]["da"] is None and read[2]["da"] == "2024-02-28"
