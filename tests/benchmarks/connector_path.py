@@ -44,6 +44,18 @@ when it has read the binlog to its end (``FRESHKEY_CONNECTOR_LINGER_MS``, :meth:
 connector's loop does (where the tree has it): delivery reports then run on the producing thread instead
 of taking the GIL from it per message. Single-row backlog, 10 interleaved runs each: send 217.5 -> 197
 CPU µs/row (median; 0.91), main thread 194.5 -> 174.5, delivery thread 7.5 -> 6.
+
+``source-pmr`` is ``source`` with every row read by pymysqlreplication (``fast_rows=False``). Measured
+2026-12-05 (quiet machine, median of 3, CPU µs/row, ``--runs 3 --modes raw,source-pmr,source,send``):
+
+==========  ==================  ==================
+stage       single-row txns     1,000-row INSERTs
+==========  ==================  ==================
+raw         143.8               26.3
+source-pmr  116.5               36.0
+source      73.2                17.9
+send        102.5               32.8
+==========  ==================  ==================
 """
 
 from __future__ import annotations
