@@ -8,12 +8,12 @@ gives what ``binlog_row_converter(types)(values, none_sources)`` gives for pymys
 the same images, the same None for values it could not read (a zero DATETIME).
 
 It covers the column types of most tables (integers, FLOAT and DOUBLE, CHAR/VARCHAR/TEXT/BLOB in any
-character set, DECIMAL, ENUM, YEAR, DATE, DATETIME and TIMESTAMP with fractions) in full row images. A
-table with any other column type (TIME, BIT, SET, JSON, GEOMETRY), a partial image (``binlog_row_image``
-other than FULL), an event in a form it does not expect, or a value it cannot decode exactly as
-pymysqlreplication does (a byte sequence its character set refuses: pymysqlreplication raises) makes
-:func:`decode_rows` return None, and the caller reads the event with pymysqlreplication as before:
-nothing is decoded differently, only faster.
+character set, DECIMAL, ENUM, SET, BIT, YEAR, DATE, TIME, DATETIME and TIMESTAMP with fractions) in full
+row images. A table with any other column type (MySQL's binary JSON, GEOMETRY), a partial image
+(``binlog_row_image`` other than FULL), an event in a form it does not expect, or a value it cannot
+decode exactly as pymysqlreplication does (a byte sequence its character set refuses: pymysqlreplication
+raises) makes :func:`decode_rows` return None, and the caller reads the event with pymysqlreplication as
+before: nothing is decoded differently, only faster.
 
 One difference, on purpose: a DATE that is no calendar day (``2024-02-30``, which MySQL stores under
 ``ALLOW_INVALID_DATES``) is None, as a direct read maps it; pymysqlreplication raises there, and the
@@ -32,8 +32,7 @@ from typing import Any
 
 from pymysql.charset import charset_by_name
 
-from schemas.values import ColumnType, JsonValue
-from schemas.values.compiled import value_converter
+from schemas.values import ColumnType, JsonValue, binlog_value_converter
 
 Reader = Callable[[bytes, int], tuple[Any, int]]
 """Reads one value at an offset of the event's bytes: ``(value, offset after it)``."""
@@ -45,7 +44,8 @@ Decoded = list[dict[str, Any]]
 
 # MySQL protocol field types (include/field_types.h), as pymysqlreplication's table map leaves them.
 _TINY, _SHORT, _LONG, _FLOAT, _DOUBLE, _LONGLONG, _INT24 = 1, 2, 3, 4, 5, 8, 9
-_DATE, _YEAR, _VARCHAR, _TIMESTAMP2, _DATETIME2 = 10, 13, 15, 17, 18
+_DATE, _YEAR, _VARCHAR, _BIT, _TIMESTAMP2, _DATETIME2, _TIME2 = 10, 13, 15, 16, 17, 18, 19
+_SET = 248
 _NEWDECIMAL, _ENUM, _BLOB, _STRING = 246, 247, 252, 254
 _DECIMAL_BYTES = (0, 1, 1, 2, 2, 3, 3, 4, 4, 4)
 """Bytes of a DECIMAL group of 0-8 leftover digits (9 digits take 4 bytes)."""
@@ -204,6 +204,58 @@ def _decimal_reader(precision: int, scale: int) -> Reader:
     return decimal
 
 
+def _time2_reader(fsp: int) -> Reader:
+    """pymysqlreplication's ``__read_time2``, bit for bit (its ``timedelta``, including the wrong sign
+    of the fraction of a negative TIME, which the column's converter undoes: ``binlog_value``)."""
+
+    def time2(data: bytes, pos: int) -> tuple[object, int]:
+        packed = int.from_bytes(data[pos : pos + 3], "big", signed=True)
+        sign = 1 if (packed >> 23) & 1 else -1
+        if sign == -1:
+            packed = ~packed + 1
+        micro, end = _fraction(data, pos + 3, fsp)
+        value = (
+            dt.timedelta(
+                hours=(packed >> 12) & 0x3FF,
+                minutes=(packed >> 6) & 0x3F,
+                seconds=packed & 0x3F,
+                microseconds=micro,
+            )
+            * sign
+        )
+        return value, end
+
+    return time2
+
+
+def _bit_reader(bits: int, size: int) -> Reader:
+    """pymysqlreplication's ``__read_bit``: the bits as a string of 0s and 1s, most significant first
+    (the first byte holds ``bits % 8`` of them, or 8)."""
+    widths = [(bits if size == 1 else bits % 8 or 8)] + [8] * (size - 1)
+
+    def bit(data: bytes, pos: int) -> tuple[object, int]:
+        if pos + size > len(data):
+            raise _Refused("a BIT runs past the event")
+        text = "".join(
+            format(data[pos + i] & ((1 << width) - 1), f"0{width}b") for i, width in enumerate(widths)
+        )
+        return text, pos + size
+
+    return bit
+
+
+def _set_reader(members: tuple[str, ...], size: int, convert: Any) -> Reader:
+    """A SET in JSON form: pymysqlreplication's set of members through the column's converter, and
+    ``[]`` for the empty set (which it returns as None, ``none_sources`` "empty set")."""
+
+    def set_(data: bytes, pos: int) -> tuple[object, int]:
+        mask = int.from_bytes(data[pos : pos + size], "little")
+        chosen = {member for index, member in enumerate(members) if mask & (1 << index)}
+        return (convert(chosen) if chosen else []), pos + size
+
+    return set_
+
+
 def _year(data: bytes, pos: int) -> tuple[object, int]:
     return data[pos] + 1900, pos + 1
 
@@ -222,10 +274,10 @@ def _encoding(column: Any) -> str | None:
     return str(encoding)
 
 
-def _column_reader(column: Any, kind: str) -> tuple[Reader, bool] | None:
+def _column_reader(column: Any, type_: ColumnType) -> tuple[Reader, bool] | None:
     """The reader of one table-map column, and whether its value is in JSON form already (else the
     column's converter maps it); None for a type this module leaves to pymysqlreplication."""
-    code = column.type
+    code, kind = column.type, type_.kind
     if code in _INTEGERS or code == _INT24:
         return _integer_reader(code, bool(column.unsigned)), kind == "integer"
     if code == _FLOAT:
@@ -250,6 +302,12 @@ def _column_reader(column: Any, kind: str) -> tuple[Reader, bool] | None:
         return _date, False
     if code == _YEAR:
         return _year, False
+    if code == _TIME2 and column.fsp in _FSP_BYTES:
+        return _time2_reader(column.fsp), False
+    if code == _BIT and 0 < column.bits <= 64 and column.bytes == (column.bits + 7) // 8:
+        return _bit_reader(column.bits, column.bytes), False
+    if code == _SET and column.set_values and 1 <= column.size <= 8 and kind == "set":
+        return _set_reader(tuple(column.set_values), column.size, binlog_value_converter(type_)), True
     if code == _NEWDECIMAL and 0 < column.precision <= 65 and 0 <= column.decimals <= column.precision:
         return _decimal_reader(column.precision, column.decimals), False
     if code == _ENUM and column.enum_values and column.size in (1, 2):
@@ -336,13 +394,13 @@ def row_decoder(columns: Sequence[Any], types: Mapping[str, ColumnType]) -> RowD
         name = column.name
         if not isinstance(name, str) or not name or name in names or name not in types:
             return None
-        chosen = _column_reader(column, types[name].kind)
+        chosen = _column_reader(column, types[name])
         if chosen is None:
             return None
         reader, as_json = chosen
         names.append(name)
         readers.append(reader)
-        converters.append(None if as_json else value_converter(types[name]))
+        converters.append(None if as_json else binlog_value_converter(types[name]))
     if not names:
         return None
     return RowDecoder(names, readers, converters)

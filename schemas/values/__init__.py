@@ -64,6 +64,7 @@ from schemas.values.binlog import (
     binlog_row_converter,
     binlog_row_to_json,
     binlog_value,
+    binlog_value_converter,
     column_type_from_binlog,
 )
 from schemas.values.columns import ColumnType, JsonValue
@@ -87,6 +88,7 @@ __all__ = [
     "binlog_row_converter",
     "binlog_row_to_json",
     "binlog_value",
+    "binlog_value_converter",
     "column_type_from_binlog",
     "column_type_from_information_schema",
     "float32_json",

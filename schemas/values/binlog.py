@@ -160,7 +160,7 @@ def binlog_row_converter(columns: Mapping[str, ColumnType]) -> RowConverter:
     """:func:`binlog_row_to_json` with ``columns`` fixed: ``converter(values, none_sources)`` gives the
     same image, with each column's conversion chosen once (per table map) instead of per value
     (:func:`~schemas.values.compiled.value_converter`)."""
-    converters: dict[str, ValueConverter] = {name: _binlog_converter(c) for name, c in columns.items()}
+    converters: dict[str, ValueConverter] = {name: binlog_value_converter(c) for name, c in columns.items()}
     sets = frozenset(name for name, column in columns.items() if column.kind == "set")
     converter_of = converters.get
 
@@ -180,7 +180,9 @@ def binlog_row_converter(columns: Mapping[str, ColumnType]) -> RowConverter:
     return convert
 
 
-def _binlog_converter(column: ColumnType) -> ValueConverter:
+def binlog_value_converter(column: ColumnType) -> ValueConverter:
+    """One column's converter of the binlog reader's values that are not None: what
+    :func:`binlog_row_converter` applies to that column (its quirks undone, :func:`binlog_value`)."""
     if column.kind != "time":
         return value_converter(column)  # binlog_value changes no other value that is not None
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from connectors.binlog.rowdecode import as_is, decode_rows, row_decoder
 from schemas.values import binlog_column_types
 
-INT, VARCHAR, DATETIME2, TIME2 = 3, 15, 18, 19
+INT, VARCHAR, DATETIME2, GEOMETRY = 3, 15, 18, 255
 
 
 def column(name: str, type_: int, **fields: Any) -> SimpleNamespace:
@@ -87,7 +87,7 @@ def test_an_invalid_datetime_is_none_as_pymysqlreplication_reads_it() -> None:
 
 
 def test_a_type_it_does_not_cover_makes_no_decoder() -> None:
-    columns = [*COLUMNS, column("took", TIME2, fsp=3)]
+    columns = [*COLUMNS, column("spot", GEOMETRY, length_size=4)]
     assert row_decoder(columns, binlog_column_types(columns)) is None
     assert decode_rows(None, event(ROW_1), update=False) is None
 
