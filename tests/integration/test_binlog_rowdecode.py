@@ -30,7 +30,15 @@ from connectors.database import column_types, read_table
 from schemas import ChangeEvent
 from schemas.values import binlog_column_types, binlog_row_converter
 from tests.support.services import MySQLService
-from tests.support.type_matrix import MARIADB_ONLY, MATRIX, admin_settings, binlog_stream, connection_settings
+from tests.support.type_matrix import (
+    MARIADB_ONLY,
+    MATRIX,
+    TIME_MAX,
+    admin_settings,
+    binlog_stream,
+    connection_settings,
+    time_text,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -236,17 +244,6 @@ def random_row(draw: st.DrawFn) -> tuple[Any, ...]:
         draw(st.integers(0, 2**64 - 1)),
         ",".join(draw(st.sets(st.sampled_from(["a", "b", "c", "é"])))),
     )
-
-
-TIME_MAX = (838 * 3600 + 59 * 60 + 59) * 1_000_000 + 999_999
-
-
-def time_text(micros: int, fsp: int) -> str:
-    step = 10 ** (6 - fsp)
-    magnitude = abs(micros) // step * step
-    seconds, fraction = divmod(magnitude, 1_000_000)
-    sign = "-" if micros < 0 else ""
-    return f"{sign}{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}.{fraction:06d}"
 
 
 RANDOM_COLUMNS = (

@@ -32,6 +32,7 @@ from tests.support.pipeline import Pipeline
 from tests.support.services import MySQLService
 from tests.support.type_matrix import (
     ROWS,
+    TIME_MAX,
     admin_settings,
     binlog_stream,
     connection_settings,
@@ -40,6 +41,7 @@ from tests.support.type_matrix import (
     matrix_of,
     read_rows,
     rotate_rows,
+    time_text,
     wait_equal,
 )
 
@@ -109,7 +111,6 @@ ROUND_TRIP = [
     ("bi", "BIGINT UNSIGNED"),
 ]
 _EXACT = decimal.Context(prec=100)
-_TIME_MAX = (838 * 3600 + 59 * 60 + 59) * 1_000_000 + 999_999
 _TEXT = st.text(st.characters(blacklist_categories=["Cs", "Cc"], blacklist_characters="\x00"), max_size=40)
 _JSON = st.recursive(
     st.none()
@@ -122,14 +123,6 @@ _JSON = st.recursive(
 )
 
 
-def _time_text(micros: int, fsp: int) -> str:
-    step = 10 ** (6 - fsp)
-    magnitude = abs(micros) // step * step
-    seconds, frac = divmod(magnitude, 1_000_000)
-    sign = "-" if micros < 0 else ""
-    return f"{sign}{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}.{frac:06d}"
-
-
 @st.composite
 def _random_row(draw: st.DrawFn) -> dict[str, Any]:
     single = draw(st.floats(width=32, allow_nan=False, allow_infinity=False))
@@ -139,8 +132,8 @@ def _random_row(draw: st.DrawFn) -> dict[str, Any]:
         "st": ",".join(sorted(draw(st.sets(st.sampled_from(["a", "b", "é", "😀"]))))),
         "en": draw(st.sampled_from(["a", "b", "é"])),
         "yr": draw(st.sampled_from([0, 1901, 2000, 2155, *range(1950, 1960)])),
-        "tm": _time_text(draw(st.integers(-_TIME_MAX, _TIME_MAX)), 6),
-        "tm2": _time_text(draw(st.integers(-_TIME_MAX, _TIME_MAX)), 2),
+        "tm": time_text(draw(st.integers(-TIME_MAX, TIME_MAX)), 6),
+        "tm2": time_text(draw(st.integers(-TIME_MAX, TIME_MAX)), 2),
         "bn": draw(st.binary(max_size=8)),
         "vb": draw(st.binary(max_size=64)),
         "f": repr(struct.unpack("<f", struct.pack("<f", single))[0]),

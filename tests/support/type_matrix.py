@@ -184,6 +184,17 @@ MARIADB_ONLY: list[tuple[str, str, list[str]]] = [
     ("i4", "INET4", ["'0.0.0.0'", "'255.255.255.255'", "'192.168.0.1'", "NULL", "'10.0.0.1'"]),
 ]
 ROWS = 5
+TIME_MAX = (838 * 3600 + 59 * 60 + 59) * 1_000_000 + 999_999
+"""The largest TIME magnitude, in microseconds (838:59:59.999999)."""
+
+
+def time_text(micros: int, fsp: int) -> str:
+    """A TIME literal of ``micros`` microseconds, truncated to ``fsp`` fractional digits."""
+    step = 10 ** (6 - fsp)
+    magnitude = abs(micros) // step * step
+    seconds, fraction = divmod(magnitude, 1_000_000)
+    sign = "-" if micros < 0 else ""
+    return f"{sign}{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}.{fraction:06d}"
 
 
 def is_mariadb(p: Pipeline) -> bool:
