@@ -273,6 +273,13 @@ class BinlogSource:
             converter=binlog_row_converter(types),
             decoder=row_decoder(event.columns, types) if self._decode_rows else None,
         )
+        if made.decoder is None and self._decode_rows:
+            log.info(
+                "rows of %s.%s are read by pymysqlreplication (slower): a column type the row decoder does "
+                "not cover (%s)",
+                *table,
+                ", ".join(sorted({t.data_type for t in types.values()})),
+            )
         self._types[table] = made
         return made
 
