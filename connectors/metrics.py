@@ -50,6 +50,11 @@ class ConnectorMetrics:
             description="Gaps found (purged binlog, change topic that lost events), each followed by a "
             "fence.",
         )
+        self.unreadable = meter.create_counter(
+            names.CONNECTOR_UNREADABLE,
+            description="Binlog rows events of a bound table the connector could not read: each one went "
+            "to the dead-letter topic, and the table's namespace was fenced.",
+        )
         self.checkpoint_ages: list[Callable[[], float]] = []
         """The running connector's checkpoint age (seconds); empty when none runs in this process."""
         self.connection_states: list[Callable[[], int]] = []
@@ -79,6 +84,7 @@ class ConnectorMetrics:
             self.retries.add(0, {names.ATTR_CAUSE: cause})
         self.oversize.add(0)
         self.gaps.add(0)
+        self.unreadable.add(0)
 
     def retried(self, cause: str) -> None:
         self.retries.add(1, {names.ATTR_CAUSE: cause})
@@ -98,6 +104,7 @@ class ConnectorStats:
     dead_letters: int = 0
     transactions: int = 0
     oversize: int = 0
+    unreadable: int = 0
     retries: int = 0
     gaps: int = 0
     sessions: int = 0

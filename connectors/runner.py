@@ -348,6 +348,9 @@ class ConnectorRun:
                 elif item.kind == "ddl":
                     self.stats.ddl += 1
                     log.info("DDL in %s: %s", item.source.db, item.query[:200])
+                elif item.kind == "fence":  # said by the source; sent to every partition
+                    self.stats.unreadable += 1
+                    self.metrics.unreadable.add(1)
                 else:
                     self.stats.changes += 1
                 while tracker.outstanding > self.connector.max_in_flight:
@@ -357,11 +360,13 @@ class ConnectorRun:
                 last_report = now
                 position = tracker.committed
                 log.info(
-                    "changes=%d ddl=%d dead_letters=%d oversize=%d retries=%d unacked=%d checkpoint=%s:%d",
+                    "changes=%d ddl=%d dead_letters=%d oversize=%d unreadable=%d retries=%d unacked=%d "
+                    "checkpoint=%s:%d",
                     self.stats.changes,
                     self.stats.ddl,
                     self.stats.dead_letters,
                     self.stats.oversize,
+                    self.stats.unreadable,
                     self.stats.retries,
                     tracker.outstanding,
                     position.file,

@@ -30,7 +30,7 @@ from connectors.kafka.producer import MessageLimit, OnDelivered, OnTooLarge
 from connectors.metrics import ConnectorMetrics, ConnectorStats
 from connectors.registry import RegistryRowError, update_from_row
 from connectors.settings import KafkaSettings
-from schemas import ChangeEvent, DdlEvent, DeadLetter, encode
+from schemas import ChangeEvent, DdlEvent, DeadLetter, FenceEvent, encode
 from schemas.codec import dead_letter
 
 log = logging.getLogger(__name__)
@@ -56,6 +56,7 @@ class MessageProducer(Protocol):
         on_delivered: OnDelivered,
         *,
         on_too_large: OnTooLarge | None = None,
+        partition: int | None = None,
     ) -> None: ...
 
 
@@ -68,7 +69,7 @@ class ModelUpdateMessage:
     event: ChangeEvent
 
 
-Item = ChangeEvent | DdlEvent | DeadLetter | ModelUpdateMessage
+Item = ChangeEvent | DdlEvent | FenceEvent | DeadLetter | ModelUpdateMessage
 """What a session sends."""
 
 
@@ -106,13 +107,22 @@ class Sender:
             return self.kafka.model_update_topic, item.key, item.value
         if isinstance(item, DeadLetter):
             return self.kafka.dead_letter_topic, b"connector", encode(item)
+        if isinstance(item, FenceEvent):
+            key = f"fence/{item.source.db}/{item.source.table}".encode()
+            return self.kafka.change_topic, key, encode(item)
         return self.kafka.change_topic, f"ddl/{item.source.db}".encode(), encode(item)
 
-    def send(self, item: Item, seq: int | None = None) -> None:
+    def send(self, item: Item, seq: int | None = None, *, partition: int | None = None) -> None:
         """Produce ``item``, or its smaller stand-in when it is over the limit (now or at the broker).
 
         ``seq``: the event number a stand-in acknowledges (the original's); the checkpoint waits for it.
+        A :class:`FenceEvent` goes to every partition of the change topic (see its docstring), each copy
+        numbered on its own; anything else to the partition of its key (``partition``: this one).
         """
+        if partition is None and isinstance(item, FenceEvent):
+            for each in range(self.kafka.partitions):
+                self.send(item, partition=each)
+            return
         topic, key, value = self.message(item)
         if not self.limit.fits(key, value):
             smaller = self.stand_in(item, len(key) + len(value))
@@ -141,7 +151,10 @@ class Sender:
                 )
             self.send(smaller, acked)
 
-        self.producer.produce(topic, key, value, delivered, on_too_large=too_large)
+        if partition is None:
+            self.producer.produce(topic, key, value, delivered, on_too_large=too_large)
+        else:
+            self.producer.produce(topic, key, value, delivered, on_too_large=too_large, partition=partition)
 
     def registry_row(self, event: ChangeEvent) -> None:
         """A change of the model registry table: a model update, or a dead letter saying why not."""
@@ -205,6 +218,8 @@ class Sender:
                 item.value,
                 stage="model-registry",
             )
+        if isinstance(item, FenceEvent):
+            return None  # bounded: a few hundred bytes
         if item.original_b64:
             return item.model_copy(update={"original_b64": "", "truncated": True})
         return None

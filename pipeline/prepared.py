@@ -5,6 +5,7 @@ namespaces to fence; and how an unexpected exception is worded in a dead letter.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from cache_writer import CacheAction
 from schemas import Binding, ChangeEvent, DdlEvent
@@ -27,14 +28,23 @@ class Reject:
     reason: str
 
 
+class Fence(NamedTuple):
+    """Why a namespace is fenced (logged and recorded), and the cause its counters and signature log
+    name."""
+
+    reason: str
+    cause: str
+
+
 @dataclass
 class Prepared:
     planned: list[Planned]
     rejects: list[Reject]
     ddl: list[DdlEvent]
-    fences: dict[str, str]
-    """Namespaces to fence before the batch is applied, with the reason (oversized rows whose entry keys
-    cannot be computed without the row)."""
+    fences: dict[str, Fence]
+    """Namespaces to fence before the batch is applied: oversized rows whose entry keys cannot be computed
+    without the row, tables of which the connector could not read a rows event (``FenceEvent``). The
+    batch's writes carry the signatures read before the fence, so the fence covers them too."""
 
 
 def describe(exc: BaseException) -> str:

@@ -32,8 +32,8 @@ from pipeline.observe import BatchBuilder, Observers
 from pipeline.observe.stats import WorkerStats
 from pipeline.outages import OUTAGES
 from pipeline.plan import BindError, commit_time_coarse, plan
-from pipeline.prepared import Planned, Prepared, Reject, describe
-from schemas import Binding, Bindings, ChangeEvent, DdlEvent, DecodeError, decode
+from pipeline.prepared import Fence, Planned, Prepared, Reject, describe
+from schemas import Binding, Bindings, ChangeEvent, DdlEvent, DecodeError, FenceEvent, decode
 from schemas.debezium import Skip
 
 log = logging.getLogger(__name__)
@@ -41,10 +41,12 @@ log = logging.getLogger(__name__)
 __all__ = ["ChangeProcessor", "Decoder", "Planned", "Prepared", "Reject", "describe"]
 
 
-Decoder = Callable[[str, bytes | None, bytes | None], ChangeEvent | DdlEvent | Skip]
+Decoder = Callable[[str, bytes | None, bytes | None], ChangeEvent | DdlEvent | FenceEvent | Skip]
 
 
-def _freshkey_decoder(topic: str, key: bytes | None, value: bytes | None) -> ChangeEvent | DdlEvent:
+def _freshkey_decoder(
+    topic: str, key: bytes | None, value: bytes | None
+) -> ChangeEvent | DdlEvent | FenceEvent:
     return decode(value if value is not None else b"")
 
 
@@ -115,6 +117,9 @@ class ChangeProcessor:
                 self.observers.on_event("skipped")
                 continue
             event = decoded
+            if event.kind == "fence":
+                self._fence_event(event, prepared)
+                continue
             if event.kind == "ddl":
                 self.observers.on_event("ddl")
                 log.info("DDL on %s: %s", event.source.db, event.query[:200])
@@ -165,10 +170,31 @@ class ChangeProcessor:
             return [CacheAction("invalidate", key, event.version, event.commit_ts_us)]
         prepared.fences.setdefault(
             binding.namespace,
-            f"an oversized row of {binding.table} whose entry key or version needs the row itself "
-            "(raise FRESHKEY_KAFKA_MAX_MESSAGE_BYTES and the broker's limit to cache such rows)",
+            Fence(
+                f"an oversized row of {binding.table} whose entry key or version needs the row itself "
+                "(raise FRESHKEY_KAFKA_MAX_MESSAGE_BYTES and the broker's limit to cache such rows)",
+                "oversize",
+            ),
         )
         return []
+
+    def _fence_event(self, event: FenceEvent, prepared: Prepared) -> None:
+        """The connector lost a rows event of this table: its namespace is fenced (each partition brings
+        one such event; see :class:`~schemas.events.FenceEvent`)."""
+        self.observers.on_event("fence_event")
+        binding = self.bindings.for_table(event.source.db, event.source.table)
+        if binding is None:
+            return
+        log.error(
+            "the connector could not read a rows event of %s.%s at %s:%d (%s): fencing namespace %s",
+            event.source.db, event.source.table, event.source.file, event.source.pos, event.reason,
+            binding.namespace,
+        )  # fmt: skip
+        prepared.fences[binding.namespace] = Fence(
+            f"changes of {binding.table} were lost (a binlog rows event the connector could not read, at "
+            f"{event.source.file}:{event.source.pos}): {event.reason}",
+            "unreadable-binlog",
+        )
 
     async def _semantic_keys(
         self, bound: Sequence[tuple[int, ChangeEvent, Binding]], models: dict[str, NamespaceModels]

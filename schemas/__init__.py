@@ -2,7 +2,7 @@
 
 from schemas.bindings import Binding, BindingError, Bindings, parse_bindings
 from schemas.codec import DecodeError, decode, encode, encode_value, message_key, row_key
-from schemas.events import ChangeEvent, DdlEvent, DeadLetter, Op, Source
+from schemas.events import ChangeEvent, DdlEvent, DeadLetter, FenceEvent, Op, Source
 from schemas.values import row_to_json, to_json_value
 from schemas.versions import VersionError, binlog_version, column_version, gtid_version
 
@@ -14,6 +14,7 @@ __all__ = [
     "DdlEvent",
     "DeadLetter",
     "DecodeError",
+    "FenceEvent",
     "Op",
     "Source",
     "VersionError",

@@ -18,9 +18,9 @@ import orjson
 from pydantic import TypeAdapter, ValidationError
 
 from schemas.errors import InvalidInput
-from schemas.events import ChangeEvent, DdlEvent, DeadLetter, Envelope, KeyValue
+from schemas.events import ChangeEvent, DdlEvent, DeadLetter, Envelope, FenceEvent, KeyValue
 
-_ENVELOPE: TypeAdapter[ChangeEvent | DdlEvent] = TypeAdapter(Envelope)
+_ENVELOPE: TypeAdapter[ChangeEvent | DdlEvent | FenceEvent] = TypeAdapter(Envelope)
 
 
 class DecodeError(InvalidInput):
@@ -31,11 +31,11 @@ class DecodeError(InvalidInput):
         self.reason = reason
 
 
-def encode(event: ChangeEvent | DdlEvent | DeadLetter) -> bytes:
+def encode(event: ChangeEvent | DdlEvent | FenceEvent | DeadLetter) -> bytes:
     return event.model_dump_json().encode()
 
 
-def decode(data: bytes) -> ChangeEvent | DdlEvent:
+def decode(data: bytes) -> ChangeEvent | DdlEvent | FenceEvent:
     """Decode and validate one change-topic message; raises :class:`DecodeError` with the reason."""
     try:
         return _ENVELOPE.validate_json(data)

@@ -116,7 +116,26 @@ class DdlEvent(FrozenModel):
     ts_ms: int = Field(ge=0, le=MAX_TS_MS)
 
 
-Envelope = Annotated[ChangeEvent | DdlEvent, Field(discriminator="kind")]
+FENCE_REASON_CHARS = 1000
+
+
+class FenceEvent(FrozenModel):
+    """The connector could not read a rows event of a bound table: its changes are lost, so nothing cached
+    of the table can be vouched for. The worker fences the table's namespace (``pipeline.fence``).
+
+    The connector sends one to every partition of the change topic, at the event's place in the binlog:
+    each partition's fence comes after every change of that partition read before the lost event, so the
+    last of them comes after all of them (a change applied after a fence carries the new epoch, and would
+    be served)."""
+
+    kind: Literal["fence"] = "fence"
+    event_id: str = Field(min_length=1)
+    source: Source
+    reason: str = Field(min_length=1, max_length=FENCE_REASON_CHARS)
+    ts_ms: int = Field(ge=0, le=MAX_TS_MS)
+
+
+Envelope = Annotated[ChangeEvent | DdlEvent | FenceEvent, Field(discriminator="kind")]
 """What the change topic carries."""
 
 

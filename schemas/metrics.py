@@ -32,6 +32,7 @@ CONNECTOR_CONNECTED = "freshkey.connector.connected"
 CONNECTOR_RETRIES = "freshkey.connector.retries"
 CONNECTOR_OVERSIZE = "freshkey.connector.oversize"
 CONNECTOR_GAPS = "freshkey.connector.gaps"
+CONNECTOR_UNREADABLE = "freshkey.connector.unreadable_events"
 
 # -- attribute keys ----------------------------------------------------------------------------------
 ATTR_NAMESPACE = "namespace"
@@ -63,6 +64,7 @@ _COUNTERS = {
     "freshkey_connector_retries",
     "freshkey_connector_oversize",
     "freshkey_connector_gaps",
+    "freshkey_connector_unreadable_events",
 }
 _GAUGES = {
     "freshkey_consumer_lag",

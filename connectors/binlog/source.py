@@ -3,10 +3,11 @@
 Reads with pymysqlreplication from a transaction boundary (file/position), and yields, in order:
 :class:`ChangeEvent` per row, :class:`DdlEvent` per schema change that may touch a bound table (run in a
 bound database, or naming a bound ``db.table`` from anywhere), :class:`DeadLetter` for rows it cannot
-turn into events (a table without a primary key), a :class:`Boundary` after every committed
-transaction, which is where a checkpoint may point, and a :class:`Tick` whenever the server shows it is
-alive without a change (the stream's start, a heartbeat about every second while idle), so that the
-reader can check its other connections while the database is quiet.
+turn into events (a table without a primary key), a :class:`DeadLetter` and a :class:`FenceEvent` for a
+rows event it cannot read at all (pymysqlreplication raised on its bytes), a :class:`Boundary` after
+every committed transaction, which is where a checkpoint may point, and a :class:`Tick` whenever the
+server shows it is alive without a change (the stream's start, a heartbeat about every second while
+idle), so that the reader can check its other connections while the database is quiet.
 
 This module does the I/O (the replication connection, the column types from information_schema); what
 an event becomes is decided in :mod:`connectors.binlog.translate`. A position the server cannot serve
@@ -45,11 +46,13 @@ from connectors.binlog.translate import (
     RowsKind,
     VersionSource,
     translate_rows,
+    unreadable_rows,
 )
 from connectors.checkpoint import BinlogPosition
 from connectors.database import column_types
+from connectors.exceptions import ConnectorError
 from connectors.settings import MySQLSettings
-from schemas import ChangeEvent, DdlEvent, DeadLetter
+from schemas import ChangeEvent, DdlEvent, DeadLetter, FenceEvent
 from schemas.values import ColumnType, RowConverter, binlog_column_types, binlog_row_converter
 
 log = logging.getLogger(__name__)
@@ -67,7 +70,7 @@ class Tick:
     """The server is alive and the stream connected; nothing to produce."""
 
 
-SourceItem = ChangeEvent | DdlEvent | DeadLetter | Boundary | Tick
+SourceItem = ChangeEvent | DdlEvent | FenceEvent | DeadLetter | Boundary | Tick
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +91,13 @@ these or of another class, never a subclass of them (MySQL's PartialUpdateRowsEv
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _event_bytes(event: Any) -> bytes:
+    """The bytes of a binlog event's packet as the server sent it (for a dead letter); b"" when the reader
+    holds them in another form."""
+    data = getattr(getattr(getattr(event, "packet", None), "packet", None), "_data", None)
+    return bytes(data) if isinstance(data, bytes | bytearray | memoryview) else b""
 
 
 def _text(value: object) -> str:
@@ -192,10 +202,18 @@ class BinlogSource:
             if type(event) in _ROWS_EVENTS:
                 if (event.schema, event.table) not in self._tables:
                     continue
-                rows = self._rows_event(event, stream.log_file, gtid)
-                yield from translate_rows(
-                    rows, version_source=self._version_source, first_ordinal=ordinal, read_ms=_now_ms()
-                )
+                try:
+                    rows = self._rows_event(event, stream.log_file, gtid)
+                    translated = translate_rows(
+                        rows, version_source=self._version_source, first_ordinal=ordinal, read_ms=_now_ms()
+                    )
+                    changes = list(translated)
+                except (pymysql.err.Error, ConnectorError):  # the database away, a setting: not the event
+                    raise
+                except Exception as exc:  # the event's bytes: a value the reader cannot decode
+                    yield from self._unreadable(event, stream.log_file, gtid, exc)
+                    continue
+                yield from changes
                 ordinal += len(rows.rows)
             elif isinstance(event, GtidEvent | MariadbGtidEvent):
                 gtid, ordinal = event.gtid, 0
@@ -216,6 +234,21 @@ class BinlogSource:
                 yield from translate_ddl(query, schema, origin, self._tables, read_ms=_now_ms())
                 # a DDL statement commits implicitly
                 yield Boundary(BinlogPosition(stream.log_file, stream.log_pos, gtid))
+
+    def _unreadable(
+        self, event: Any, file: str, gtid: str | None, exc: Exception
+    ) -> tuple[DeadLetter, FenceEvent]:
+        """A rows event that cannot be read: a dead letter and the fence of its table (``unreadable_rows``),
+        said loudly; the stream goes on."""
+        schema, table = str(event.schema), str(event.table)
+        origin = self._origin(event, file, gtid)
+        log.error(
+            "a rows event of %s.%s at %s:%d cannot be read (%s: %s): its changes are lost; it goes to the "
+            "dead-letter topic and the table's namespace is fenced",
+            schema, table, file, origin.end_pos, type(exc).__name__, exc,
+            exc_info=log.isEnabledFor(logging.DEBUG),
+        )  # fmt: skip
+        return unreadable_rows(origin, schema, table, exc, _event_bytes(event), read_ms=_now_ms())
 
     def _origin(self, event: Any, file: str, gtid: str | None) -> EventOrigin:
         return EventOrigin(

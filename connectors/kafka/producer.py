@@ -281,14 +281,21 @@ class ChangeProducer:
         on_delivered: OnDelivered,
         *,
         on_too_large: OnTooLarge | None = None,
+        partition: int | None = None,
     ) -> None:
-        """Queue a message. Too large for librdkafka: ``on_too_large()`` at once (when given)."""
+        """Queue a message (to the partition of its key, or to ``partition``). Too large for librdkafka:
+        ``on_too_large()`` at once (when given)."""
         callback = self._delivered(topic, len(key) + len(value), on_delivered, on_too_large)
         if len(self._producer) == 0:
             self._progress_at = time.monotonic()  # nothing was waiting: the wait starts now
         while True:
             try:
-                self._producer.produce(topic, value=value, key=key, on_delivery=callback)
+                if partition is None:
+                    self._producer.produce(topic, value=value, key=key, on_delivery=callback)
+                else:
+                    self._producer.produce(
+                        topic, value=value, key=key, partition=partition, on_delivery=callback
+                    )
                 return
             except BufferError:
                 self.raise_if_failed()

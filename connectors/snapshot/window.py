@@ -36,7 +36,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from schemas import ChangeEvent, DdlEvent, DeadLetter, Source
+from schemas import ChangeEvent, DdlEvent, DeadLetter, FenceEvent, Source
 from schemas.codec import dead_letter
 
 Key = tuple[Any, ...]
@@ -88,6 +88,9 @@ class Chunk:
                 self.touched.add(self.key_of(image))
         elif isinstance(item, DdlEvent) and item.source.db == self.db:
             self.spoiled = f"DDL in {self.db} between the watermarks: {item.query[:120]}"
+        elif isinstance(item, FenceEvent) and (item.source.db, item.source.table) == (self.db, self.table):
+            # which rows it changed is unknown: none of the chunk's rows can be vouched for
+            self.spoiled = f"an unreadable rows event of {self.db}.{self.table} between the watermarks"
 
 
 @dataclass(frozen=True, slots=True)

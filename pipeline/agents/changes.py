@@ -57,8 +57,8 @@ def install(w: Worker) -> None:
             with attempt:
                 prepared = await processor.prepare(pairs, topics=topics)
         planned_ms = time.time() * 1000
-        for namespace, reason in prepared.fences.items():
-            await w.tiers.fence([by_namespace[namespace]], reason, cause="oversize")
+        for namespace, fence in prepared.fences.items():
+            await w.tiers.fence([by_namespace[namespace]], fence.reason, cause=fence.cause)
         async for attempt in retrying("applying a batch"):
             with (
                 attempt,

@@ -37,7 +37,7 @@ from pydantic import ValidationError
 from schemas.codec import decode
 from schemas.debezium.columns import RowDecoder
 from schemas.debezium.options import HEARTBEAT_PREFIX, ColumnTypes, DebeziumError, DebeziumOptions, Skip
-from schemas.events import MAX_U32, ChangeEvent, DdlEvent, Source
+from schemas.events import MAX_U32, ChangeEvent, DdlEvent, FenceEvent, Source
 from schemas.versions import VersionError, binlog_version, gtid_version
 
 
@@ -48,7 +48,7 @@ def decode_any(
     options: DebeziumOptions,
     *,
     column_types: ColumnTypes | None = None,
-) -> ChangeEvent | DdlEvent | Skip:
+) -> ChangeEvent | DdlEvent | FenceEvent | Skip:
     """Decode one message of the worker's input, whichever kind it is.
 
     ``input=freshkey``: a freshkey change-topic message (:func:`schemas.codec.decode`). ``input=debezium``:

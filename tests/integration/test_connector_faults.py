@@ -1,11 +1,12 @@
-"""The connector never wedges (issue 8): an oversized row, a database restart, a broker restart that
-loses its topics, a purged binlog, a DDL naming a bound table from another database.
+"""The connector never wedges (issue 8): an oversized row, a rows event the binlog reader cannot read, a
+database restart, a broker restart that loses its topics, a purged binlog, a DDL naming a bound table
+from another database.
 
 Real servers throughout. Restarts use private servers (a LocalMariaDB or LocalKafka of the test), never
 the session-wide ones other tests share. Each test fails on a connector without the protection it
 checks: it crashed on MSG_SIZE_TOO_LARGE, exited on OperationalError 2003 and UNKNOWN_PRODUCER_ID,
 died with a raw 1236 traceback on a purged binlog, and emitted no DDL for ``ALTER TABLE db.t`` run from
-another database.
+another database, and exited (restarted forever) on a rows event pymysqlreplication raised on.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from cache_writer.client import Hit, Miss, SyncCacheClient
 from connectors.checkpoint import CheckpointStore
 from pipeline.demo.catchup import connector_reached
 from pipeline.embedded import (
@@ -27,8 +29,8 @@ from pipeline.embedded import (
     LocalMariaDB,
     free_port,
 )
-from schemas import ChangeEvent, DdlEvent, decode
-from tests.support.kafka import read_topic
+from schemas import ChangeEvent, DdlEvent, DeadLetter, FenceEvent, decode
+from tests.support.kafka import read_records, read_topic
 from tests.support.pipeline import Pipeline
 from tests.support.processes import start_freshkey
 from tests.support.services import MySQLService, running
@@ -111,20 +113,26 @@ def on_private_mysql(
     return server, mysql, p
 
 
-# --- oversized rows ------------------------------------------------------------------------------------
-
-
-def test_a_2mb_row_becomes_an_invalidation_and_the_next_rows_flow(
-    make_pipeline: Callable[..., Pipeline],
-) -> None:
-    p = make_pipeline()
-    p.sql("ALTER TABLE assets MODIFY content LONGTEXT NOT NULL")
+def two_rows_cached(p: Pipeline, alter: str) -> tuple[Pipeline, int]:
+    """``alter`` the table, start the connector (its metrics on the port returned) and the worker, and
+    cache rows 1 and 2."""
+    p.sql(alter)
     metrics_port = free_port()
     p.start("connector", FRESHKEY_TELEMETRY_CONNECTOR_PROMETHEUS_PORT=str(metrics_port))
     p.start("worker")
     p.sql(ROW, (1, "small one"))
     p.sql(ROW, (2, "small two"))
     p.wait_consistent(timeout=60)
+    return p, metrics_port
+
+
+# --- oversized rows ------------------------------------------------------------------------------------
+
+
+def test_a_2mb_row_becomes_an_invalidation_and_the_next_rows_flow(
+    make_pipeline: Callable[..., Pipeline],
+) -> None:
+    p, metrics_port = two_rows_cached(make_pipeline(), "ALTER TABLE assets MODIFY content LONGTEXT NOT NULL")
     before = p.entry(1)
     assert before is not None and not before.tombstone
 
@@ -150,6 +158,55 @@ def test_a_2mb_row_becomes_an_invalidation_and_the_next_rows_flow(
     assert "sent as an invalidation" in log and "{'id': 1}" in log and "assets" in log
     assert "SECRET-ROW-VALUE" not in log, "row values are never logged"
     assert metric(metrics_text(metrics_port), "freshkey_connector_oversize_total") == 1
+
+
+# --- a rows event the binlog reader cannot read ------------------------------------------------------
+
+
+def test_an_unreadable_rows_event_is_dead_lettered_and_fences_its_namespace(
+    make_pipeline: Callable[..., Pipeline],
+) -> None:
+    """A DATE that is no calendar day (stored under ALLOW_INVALID_DATES) in a table with a POINT column:
+    freshkey's row decoder hands such a table to pymysqlreplication, which raises on the whole event. Its
+    changes are lost: the connector dead-letters the event, fences the table's namespace through every
+    partition of the change topic, and goes on; entries cached before are no longer served."""
+    alter = "ALTER TABLE assets ADD COLUMN born DATE NULL, ADD COLUMN spot POINT NULL"
+    p, metrics_port = two_rows_cached(make_pipeline(), alter)
+    cache = SyncCacheClient(p.redis, prefix=p.prefix)
+    assert isinstance(cache.get(p.namespace, [1]), Hit)
+
+    p.sql("SET SESSION sql_mode = 'ALLOW_INVALID_DATES'")
+    p.sql("UPDATE assets SET born = '2024-02-30', content = 'lost' WHERE id = 1")
+    p.sql("SET SESSION sql_mode = DEFAULT")
+
+    # The event as a dead letter, its fence on every partition of the change topic.
+    letters = [decode_letter(r.value) for r in read_records(p.kafka, p.dead_letter_topic, expect=1)]
+    assert [d.stage for d in letters] == ["connector-binlog"]
+    assert "assets could not be read: ValueError" in letters[0].reason
+    records = read_records(p.kafka, p.change_topic, expect=5)
+    fences = [(r.partition, decode(r.value)) for r in records if r.key and r.key.startswith(b"fence/")]
+    assert sorted(partition for partition, _ in fences) == [0, 1, 2]
+    assert all(isinstance(f, FenceEvent) and f.source.table == "assets" for _, f in fences)
+
+    # The worker fenced the namespace once per partition; what was cached before is not served.
+    def fence_events() -> int:
+        stats = p.stats()
+        return int(stats["events"].get("fence_event", 0)) if stats else 0
+
+    p.wait(lambda: fence_events() == 3, 60, "the worker to take the three fence events")
+    for row_id in (1, 2):
+        assert isinstance(cache.get(p.namespace, [row_id]), Miss), f"row {row_id} served after the fence"
+
+    # The connector goes on (never a crash or a restart), and later changes are cached and served.
+    p.sql(ROW, (3, "three"))
+    p.wait(lambda: isinstance(cache.get(p.namespace, [3]), Hit), 60, "row 3 served")
+    assert p.starts["connector"] == 1 and p.procs["connector"].poll() is None
+    assert metric(metrics_text(metrics_port), "freshkey_connector_unreadable_events_total") == 1
+    assert "cannot be read" in connector_log(p) and "fenced" in connector_log(p)
+
+
+def decode_letter(value: bytes) -> DeadLetter:
+    return DeadLetter.model_validate_json(value)
 
 
 # --- a database restart ------------------------------------------------------------------------------

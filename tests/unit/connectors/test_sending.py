@@ -16,7 +16,7 @@ from connectors.kafka.producer import MessageLimit
 from connectors.metrics import ConnectorMetrics, ConnectorStats
 from connectors.sending import DDL_QUERY_CHARS, Sender
 from connectors.settings import KafkaSettings
-from schemas import ChangeEvent, DdlEvent, DeadLetter, Source, decode, encode, message_key
+from schemas import ChangeEvent, DdlEvent, DeadLetter, FenceEvent, Source, decode, encode, message_key
 from schemas.codec import dead_letter
 from schemas.model_updates import ModelUpdate
 
@@ -48,6 +48,7 @@ class StubProducer:
 
     def __init__(self) -> None:
         self.sent: list[tuple[str, bytes, bytes]] = []
+        self.partitions: list[int | None] = []
         self.callbacks: list[Callable[[], None]] = []
         self.refuse = 0
 
@@ -59,11 +60,13 @@ class StubProducer:
         on_delivered: Callable[[], None],
         *,
         on_too_large: Callable[[], None] | None = None,
+        partition: int | None = None,
     ) -> None:
         if len(key) + len(value) > self.refuse > 0 and on_too_large is not None:
             on_too_large()
             return
         self.sent.append((topic, key, value))
+        self.partitions.append(partition)
         self.callbacks.append(on_delivered)
 
 
@@ -98,6 +101,23 @@ def test_each_item_goes_to_its_topic_with_its_key() -> None:
     assert sender.message(ddl) == (KAFKA.change_topic, b"ddl/shop", encode(ddl))
     letter = dead_letter("bad", b"raw", stage="connector")
     assert sender.message(letter) == (KAFKA.dead_letter_topic, b"connector", encode(letter))
+
+
+def test_a_fence_event_goes_to_every_partition_of_the_change_topic_and_holds_the_checkpoint() -> None:
+    sender, stub = make_sender()
+    fence = FenceEvent(event_id="1:binlog.000007:900:fence", source=SOURCE, reason="ValueError: x", ts_ms=1)
+    sender.send(change("a", row_id=1))
+    sender.send(fence)
+    assert stub.partitions == [None, *range(KAFKA.partitions)]
+    assert {m for m in stub.sent[1:]} == {(KAFKA.change_topic, b"fence/shop/assets", encode(fence))}
+    assert decode(stub.sent[1][2]) == fence
+    sender.tracker.boundary(BinlogPosition("binlog.000007", 1000))
+    assert sender.tracker.outstanding == 1 + KAFKA.partitions
+    for acknowledge in stub.callbacks[:-1]:
+        acknowledge()
+    assert sender.tracker.committed.pos == 4, "one copy is not acknowledged yet"
+    stub.callbacks[-1]()
+    assert sender.tracker.committed.pos == 1000
 
 
 def test_every_message_holds_the_checkpoint_until_kafka_acknowledges_it() -> None:

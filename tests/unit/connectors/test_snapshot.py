@@ -31,7 +31,7 @@ from connectors.snapshot.reader import keyset_condition, keyset_params
 from connectors.snapshot.signals import SignalTable, parse_signal
 from connectors.snapshot.store import SnapshotStore
 from connectors.snapshot.window import Chunk, close, read_event
-from schemas import ChangeEvent, DdlEvent, DeadLetter, Source, binlog_version, decode, encode
+from schemas import ChangeEvent, DdlEvent, DeadLetter, FenceEvent, Source, binlog_version, decode, encode
 
 SERVER_ID = 4242
 
@@ -156,6 +156,18 @@ def test_a_ddl_in_the_window_spoils_the_chunk() -> None:
         DdlEvent(event_id="y", source=source("elsewhere", "*"), query="CREATE TABLE t (a int)", ts_ms=1)
     )
     assert other.spoiled is None
+
+
+def test_an_unreadable_rows_event_of_the_table_in_the_window_spoils_the_chunk() -> None:
+    def fence(table: str) -> FenceEvent:
+        return FenceEvent(event_id="f", source=source("shop", table), reason="ValueError: x", ts_ms=1)
+
+    chunk = chunk_of([1, 2])
+    chunk.note(fence("other"))
+    assert chunk.spoiled is None, "another table's lost rows say nothing of this chunk"
+    chunk.note(fence("assets"))
+    assert chunk.spoiled and "unreadable rows event" in chunk.spoiled
+    assert close(chunk, signal_row("high", "", {}, pos=9), read_ms=0).events == []
 
 
 def test_the_event_key_follows_the_binlog_readers_column_order() -> None:

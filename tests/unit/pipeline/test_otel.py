@@ -296,6 +296,7 @@ def test_connector_metrics_through_the_global_api_in_a_fresh_process() -> None:
         m.retried("database")
         m.oversize.add(1)
         m.gaps.add(1)
+        m.unreadable.add(1)
         m.connection_states.append(lambda: 1)
         with urllib.request.urlopen("http://127.0.0.1:{port}/metrics", timeout=5) as response:
             print(response.read().decode())

@@ -15,8 +15,9 @@ import pytest
 from cache_writer import ActionResult, CacheAction, Outcome, TierUnavailableError
 from cache_writer.retry import RetryPolicy
 from pipeline.observe.report import BatchReport
+from pipeline.prepared import Fence
 from pipeline.processor import ChangeProcessor
-from schemas import Binding, Bindings, ChangeEvent, encode
+from schemas import Binding, Bindings, ChangeEvent, FenceEvent, Source, encode
 
 PREFIX = "fk"
 PLAIN = Binding(table="shop.assets", namespace="assets")  # type: ignore[call-arg]
@@ -234,7 +235,7 @@ def test_an_oversize_change_of_a_versioned_binding_fences_its_namespace() -> Non
     tier = MemoryTier()
     p, _ = processor(VERSIONED, tier)
 
-    async def go() -> dict[str, str]:
+    async def go() -> dict[str, Fence]:
         prepared = await p.prepare(
             [(None, encode(change("u", 1, 10, before=None, after=None, oversize=True)))]
         )
@@ -242,4 +243,33 @@ def test_an_oversize_change_of_a_versioned_binding_fences_its_namespace() -> Non
         return prepared.fences
 
     fences = asyncio.run(go())
-    assert list(fences) == ["assets"] and "oversized row" in fences["assets"]
+    assert list(fences) == ["assets"] and "oversized row" in fences["assets"].reason
+    assert fences["assets"].cause == "oversize"
+
+
+def fence_event(table: str = "assets") -> FenceEvent:
+    source = Source(server_id=1, file="binlog.000001", pos=77, ts_ms=0, db="shop", table=table)
+    return FenceEvent(event_id="1:binlog.000001:77:fence", source=source, reason="ValueError: day", ts_ms=1)
+
+
+def test_a_fence_event_fences_the_namespace_of_its_table_and_the_batch_goes_on() -> None:
+    tier = MemoryTier()
+    p, events = processor(PLAIN, tier)
+
+    async def go() -> tuple[dict[str, Fence], list[int]]:
+        prepared = await p.prepare(
+            [
+                (None, encode(change("c", 1, 10))),
+                (None, encode(fence_event())),
+                (None, encode(fence_event("other"))),  # a table not bound: nothing to fence
+                (None, encode(change("u", 2, 11))),
+            ]
+        )
+        assert not prepared.rejects
+        return prepared.fences, [planned.index for planned in prepared.planned]
+
+    fences, planned = asyncio.run(go())
+    assert list(fences) == ["assets"] and fences["assets"].cause == "unreadable-binlog"
+    assert "binlog.000001:77" in fences["assets"].reason and "ValueError: day" in fences["assets"].reason
+    assert planned == [0, 3], "the changes around it are planned as usual"
+    assert events.kinds.count("fence_event") == 2

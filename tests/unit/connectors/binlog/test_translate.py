@@ -20,9 +20,19 @@ from connectors.binlog.translate import (
     RowsKind,
     VersionSource,
     translate_rows,
+    unreadable_rows,
 )
 from connectors.exceptions import ConfigurationError
-from schemas import ChangeEvent, DdlEvent, DeadLetter, binlog_version, gtid_version
+from schemas import (
+    ChangeEvent,
+    DdlEvent,
+    DeadLetter,
+    FenceEvent,
+    binlog_version,
+    decode,
+    encode,
+    gtid_version,
+)
 from schemas.values import EMPTY_SET, ColumnType
 
 FILE = "binlog.000007"
@@ -374,3 +384,26 @@ def test_other_tables_are_not_mentions(query: str) -> None:
 def test_a_bare_database_word_needs_the_database_keyword() -> None:
     assert mentioned_databases("ALTER TABLE t COMMENT 'shop'", BOUND) == {}
     assert mentioned_databases("ALTER TABLE shop ADD x INT", BOUND) == {}
+
+
+def test_an_unreadable_rows_event_is_a_dead_letter_and_a_fence_of_its_table() -> None:
+    error = ValueError("day is out of range for month")
+    letter, fence = unreadable_rows(
+        ORIGIN, "shop", "assets", error, b"\x00raw event", read_ms=1_700_000_000_777
+    )
+    assert isinstance(letter, DeadLetter) and isinstance(fence, FenceEvent)
+    assert letter.stage == "connector-binlog" and base64.b64decode(letter.original_b64) == b"\x00raw event"
+    assert letter.reason == fence.reason
+    assert (
+        fence.reason
+        == "a rows event of shop.assets could not be read: ValueError: day is out of range for month"
+    )
+    assert (fence.source.db, fence.source.table, fence.source.file, fence.source.pos) == (
+        "shop",
+        "assets",
+        FILE,
+        END_POS,
+    )
+    assert fence.ts_ms == 1_700_000_000_777 and decode(encode(fence)) == fence
+    _, long = unreadable_rows(ORIGIN, "shop", "assets", ValueError("x" * 5000), b"", read_ms=1)
+    assert len(long.reason) == 1000, "bounded: the message stays small"
