@@ -82,6 +82,7 @@ def run_checks(settings: MySQLSettings) -> tuple[ServerInfo, list[Check]]:
                     "server_id",
                     "log_bin_compress",
                     "binlog_transaction_compression",
+                    "binlog_row_value_options",
                 ],
             )
             grants = _grants(cur)
@@ -118,6 +119,7 @@ def run_checks(settings: MySQLSettings) -> tuple[ServerInfo, list[Check]]:
                 else "set FRESHKEY_MYSQL_SERVER_ID to an id no server or replica uses",
             ),
             compression_check(flavor, var),
+            partial_json_check(var),
             *privilege_checks(grants, settings.user),
         ]
         return info, checks
@@ -142,6 +144,22 @@ def compression_check(flavor: str, var: dict[str, str]) -> Check:
         f"SET GLOBAL {name}=OFF and "
         + _restart_fix(name, "OFF")
         + " (compressed binlog events cannot be decoded by the binlog reader)",
+    )
+
+
+def partial_json_check(var: dict[str, str]) -> Check:
+    """MySQL's ``binlog_row_value_options`` without ``PARTIAL_JSON`` (MariaDB has no such variable): with
+    it, an update of part of a JSON document is logged as a partial update, whose after image holds only
+    the changed parts, so the row cannot be cached from it."""
+    found = var.get("binlog_row_value_options", "")
+    return Check(
+        "binlog_row_value_options",
+        "PARTIAL_JSON" not in found.upper(),
+        repr(found),
+        "'' (no PARTIAL_JSON)",
+        "SET GLOBAL binlog_row_value_options='' and "
+        + _restart_fix("binlog_row_value_options", "''")
+        + " (a partial JSON update holds only the changed parts of the document)",
     )
 
 

@@ -34,7 +34,12 @@ from pymysqlreplication.event import (
     RotateEvent,
     XidEvent,
 )
-from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
+from pymysqlreplication.row_event import (
+    DeleteRowsEvent,
+    PartialUpdateRowsEvent,
+    UpdateRowsEvent,
+    WriteRowsEvent,
+)
 
 from connectors.binlog.ddl import mentioned_databases, statement_kind, translate_ddl
 from connectors.binlog.positions import ER_MASTER_FATAL_ERROR_READING_BINLOG, binary_logs, refusal_error
@@ -86,7 +91,13 @@ class _TableMap:
 
 _ROWS_EVENTS = frozenset({WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent})
 """The rows events the reader yields: it filters on exact classes (``only_events``), so an event is one of
-these or of another class, never a subclass of them (MySQL's PartialUpdateRowsEvent is not asked for)."""
+these or of another class, never a subclass of them. MySQL's PartialUpdateRowsEvent (a subclass) is
+asked for only to be said unreadable: its after image holds only the changed parts of JSON documents."""
+
+
+class PartialJsonUpdate(Exception):
+    """A rows event of MySQL's partial JSON format (``binlog_row_value_options=PARTIAL_JSON``, set for a
+    session: ``freshkey doctor`` refuses it globally)."""
 
 
 def _now_ms() -> int:
@@ -158,6 +169,7 @@ class BinlogSource:
                 WriteRowsEvent,
                 UpdateRowsEvent,
                 DeleteRowsEvent,
+                PartialUpdateRowsEvent,
                 XidEvent,
                 QueryEvent,
                 RotateEvent,
@@ -215,6 +227,13 @@ class BinlogSource:
                     continue
                 yield from changes
                 ordinal += len(rows.rows)
+            elif type(event) is PartialUpdateRowsEvent:
+                if (event.schema, event.table) in self._tables:
+                    partial = PartialJsonUpdate(
+                        "a partial JSON update (binlog_row_value_options=PARTIAL_JSON): its after image "
+                        "holds only the changed parts of the documents; set it to '' for the writers"
+                    )
+                    yield from self._unreadable(event, stream.log_file, gtid, partial)
             elif isinstance(event, GtidEvent | MariadbGtidEvent):
                 gtid, ordinal = event.gtid, 0
             elif isinstance(event, XidEvent):

@@ -11,6 +11,7 @@ from connectors.doctor import (
     checkpoint_check,
     checkpoint_check_from,
     compression_check,
+    partial_json_check,
     privilege_checks,
 )
 from connectors.settings import MySQLSettings
@@ -130,6 +131,21 @@ def test_compression_check(flavor: str, variables: dict[str, str], ok: bool, nam
     assert check.want == f"{name}=OFF"
     assert check.fix.startswith(f"SET GLOBAL {name}=OFF and set {name}=OFF under [mysqld]")
     assert "restart" in check.fix
+
+
+@pytest.mark.parametrize(
+    ("variables", "ok"),
+    [
+        ({}, True),  # MariaDB: no such variable
+        ({"binlog_row_value_options": ""}, True),
+        ({"binlog_row_value_options": "PARTIAL_JSON"}, False),
+        ({"binlog_row_value_options": "partial_json"}, False),
+    ],
+)
+def test_partial_json_check(variables: dict[str, str], ok: bool) -> None:
+    check = partial_json_check(variables)
+    assert check.name == "binlog_row_value_options" and check.ok is ok
+    assert check.fix.startswith("SET GLOBAL binlog_row_value_options='' and set binlog_row_value_options=''")
 
 
 # --- the checkpoint's binlog file (freshkey doctor) -------------------------------------------------------
