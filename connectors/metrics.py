@@ -52,8 +52,9 @@ class ConnectorMetrics:
         )
         self.unreadable = meter.create_counter(
             names.CONNECTOR_UNREADABLE,
-            description="Binlog rows events of a bound table the connector could not read: each one went "
-            "to the dead-letter topic, and the table's namespace was fenced.",
+            description="Bound tables whose changes the connector could not read from the binlog, once "
+            "per event and table: a rows event it cannot decode (also in the dead-letter topic), a partial "
+            "JSON update, a row change logged as a statement; each table's namespace was fenced.",
         )
         self.checkpoint_ages: list[Callable[[], float]] = []
         """The running connector's checkpoint age (seconds); empty when none runs in this process."""

@@ -1,5 +1,6 @@
-"""From a binlog query event to what freshkey produces: is it a COMMIT, other transaction control, or a
-schema change, and which bound databases does a schema change touch. Pure functions, no I/O.
+"""From a binlog query event to what freshkey produces: is it a COMMIT, other transaction control, a row
+change logged as a statement, or a schema change, and which bound databases or tables does it touch.
+Pure functions, no I/O.
 
 :func:`translate_ddl` turns a schema change into :class:`DdlEvent`\\ s for each bound database it may
 touch: the database it ran in, and every bound ``db.table`` (or bound ``DATABASE db``) it names from
@@ -16,12 +17,18 @@ from typing import Literal
 from connectors.binlog.translate import EventOrigin
 from schemas import DdlEvent
 
-StatementKind = Literal["commit", "control", "ddl"]
+StatementKind = Literal["commit", "control", "dml", "ddl"]
 """What a query event is: a COMMIT (a transaction boundary), another transaction-control statement
-(BEGIN, ROLLBACK, XA, SAVEPOINT: nothing to do), or a schema change (every other statement a row-based
-binlog carries as a query)."""
+(BEGIN, ROLLBACK, XA, SAVEPOINT: nothing to do), a row change logged as a statement (a writer that set
+``binlog_format`` to STATEMENT or MIXED for its session: its rows are not in the binlog), or a schema
+change (every other statement a row-based binlog carries as a query)."""
 
 _CONTROL = ("BEGIN", "COMMIT", "ROLLBACK", "XA ", "SAVEPOINT")
+_DML = re.compile(
+    r"(?:\s|/\*.*?\*/|#[^\n]*(?:\n|$)|--(?:\s[^\n]*)?(?:\n|$))*"  # comments before it
+    r"(?:INSERT|UPDATE|DELETE|REPLACE|LOAD\s+(?:DATA|XML)|WITH)\b",  # WITH: a CTE's UPDATE or DELETE
+    re.IGNORECASE | re.DOTALL,
+)
 
 
 def statement_kind(query: str) -> StatementKind:
@@ -31,7 +38,20 @@ def statement_kind(query: str) -> StatementKind:
         return "commit"
     if upper.startswith(_CONTROL):
         return "control"
+    if _DML.match(query):
+        return "dml"
     return "ddl"
+
+
+def statement_tables(query: str, schema: str, tables: Collection[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The bound tables a row change logged as a statement may have changed: every bound table of the
+    database it ran in (``schema``; a trigger or a view may reach any of them), and every bound
+    ``db.table`` it names from anywhere (every bound table of a database it names as such). Generous
+    like :func:`mentioned_databases`: a false positive costs a fence, a miss leaves stale entries."""
+    found = {(db, table) for db, table in tables if db == schema}
+    for db, named in mentioned_databases(query, tables).items():
+        found |= {(db, table) for table in named} if named else {(d, t) for d, t in tables if d == db}
+    return sorted(found)
 
 
 def translate_ddl(

@@ -41,7 +41,7 @@ from pymysqlreplication.row_event import (
     WriteRowsEvent,
 )
 
-from connectors.binlog.ddl import mentioned_databases, statement_kind, translate_ddl
+from connectors.binlog.ddl import mentioned_databases, statement_kind, statement_tables, translate_ddl
 from connectors.binlog.positions import ER_MASTER_FATAL_ERROR_READING_BINLOG, binary_logs, refusal_error
 from connectors.binlog.rowdecode import RowDecoder, as_is, decode_rows, row_decoder
 from connectors.binlog.tablemaps import DumpConnection, TableMapGuard
@@ -50,6 +50,7 @@ from connectors.binlog.translate import (
     RowsEvent,
     RowsKind,
     VersionSource,
+    fence_event,
     translate_rows,
     unreadable_rows,
 )
@@ -243,6 +244,9 @@ class BinlogSource:
             elif isinstance(event, QueryEvent):
                 query = event.query.strip() if isinstance(event.query, str) else str(event.query)
                 kind = statement_kind(query)
+                if kind == "dml":  # its rows are not in the binlog: the tables it may touch are fenced
+                    yield from self._statement_logged(event, query, stream.log_file, gtid)
+                    continue
                 if kind != "ddl":
                     if kind == "commit":
                         yield Boundary(BinlogPosition(stream.log_file, stream.log_pos, gtid))
@@ -268,6 +272,27 @@ class BinlogSource:
             exc_info=log.isEnabledFor(logging.DEBUG),
         )  # fmt: skip
         return unreadable_rows(origin, schema, table, exc, _event_bytes(event), read_ms=_now_ms())
+
+    def _statement_logged(self, event: Any, query: str, file: str, gtid: str | None) -> list[FenceEvent]:
+        """A row change logged as a statement (its writer's session set ``binlog_format`` to STATEMENT or
+        MIXED): its rows are lost to the connector, so the bound tables it may touch are fenced
+        (``statement_tables``), said loudly. The statement itself is not logged: it holds row values."""
+        schema = _text(event.schema)
+        concerned = statement_tables(query, schema, self._tables)
+        if not concerned:
+            return []
+        origin = self._origin(event, file, gtid)
+        log.error(
+            "a row change in %s at %s:%d is logged as a statement (its session's binlog_format is not ROW): "
+            "its rows are lost; fencing %s. Set binlog_format=ROW for every writer",
+            schema or "(no database)", file, origin.end_pos, ", ".join(f"{d}.{t}" for d, t in concerned),
+        )  # fmt: skip
+        reason = (
+            f"a row change logged as a statement at {file}:{origin.end_pos} (binlog_format not ROW for its "
+            "session): its rows are not in the binlog"
+        )
+        read_ms = _now_ms()
+        return [fence_event(origin, db, table, reason, read_ms=read_ms) for db, table in concerned]
 
     def _origin(self, event: Any, file: str, gtid: str | None) -> EventOrigin:
         return EventOrigin(

@@ -155,14 +155,19 @@ def unreadable_rows(
     :class:`FenceEvent` of the table, since its changes are lost and no entry of the table can be vouched
     for. The connector goes on with the next event (no event can stop it, invariant 8)."""
     reason = f"a rows event of {schema}.{table} could not be read: {type(error).__name__}: {error}"
-    reason = reason[:FENCE_REASON_CHARS]
-    fence = FenceEvent(
-        event_id=f"{origin.server_id}:{origin.file}:{origin.end_pos}:fence",
-        source=origin.source(schema, table),
-        reason=reason,
+    fence = fence_event(origin, schema, table, reason, read_ms=read_ms)
+    return dead_letter(fence.reason, original, stage="connector-binlog"), fence
+
+
+def fence_event(origin: EventOrigin, db: str, table: str, reason: str, *, read_ms: int) -> FenceEvent:
+    """The :class:`FenceEvent` of ``db.table`` for changes lost at ``origin`` (``reason`` cut to its
+    bound)."""
+    return FenceEvent(
+        event_id=f"{origin.server_id}:{origin.file}:{origin.end_pos}:fence:{db}.{table}",
+        source=origin.source(db, table),
+        reason=reason[:FENCE_REASON_CHARS],
         ts_ms=read_ms,
     )
-    return dead_letter(reason, original, stage="connector-binlog"), fence
 
 
 class _Shared:

@@ -189,11 +189,7 @@ def test_an_unreadable_rows_event_is_dead_lettered_and_fences_its_namespace(
     assert all(isinstance(f, FenceEvent) and f.source.table == "assets" for _, f in fences)
 
     # The worker fenced the namespace once per partition; what was cached before is not served.
-    def fence_events() -> int:
-        stats = p.stats()
-        return int(stats["events"].get("fence_event", 0)) if stats else 0
-
-    p.wait(lambda: fence_events() == 3, 60, "the worker to take the three fence events")
+    p.wait(lambda: fence_events(p) == 3, 60, "the worker to take the three fence events")
     for row_id in (1, 2):
         assert isinstance(cache.get(p.namespace, [row_id]), Miss), f"row {row_id} served after the fence"
 
@@ -203,6 +199,37 @@ def test_an_unreadable_rows_event_is_dead_lettered_and_fences_its_namespace(
     assert p.starts["connector"] == 1 and p.procs["connector"].poll() is None
     assert metric(metrics_text(metrics_port), "freshkey_connector_unreadable_events_total") == 1
     assert "cannot be read" in connector_log(p) and "fenced" in connector_log(p)
+
+
+def test_a_row_change_logged_as_a_statement_fences_the_tables_it_may_touch(
+    make_pipeline: Callable[..., Pipeline],
+) -> None:
+    """A writer whose session logs in STATEMENT format: its UPDATE is a query event, its rows are not in
+    the binlog. The connector fences the bound tables of the statement's database through every
+    partition; before, the statement passed for a DDL that moved no signature, and row 1 stayed cached
+    with its old value."""
+    p, metrics_port = two_rows_cached(make_pipeline(), "ALTER TABLE assets COMMENT 'statement test'")
+    cache = SyncCacheClient(p.redis, prefix=p.prefix)
+    assert isinstance(cache.get(p.namespace, [1]), Hit)
+
+    p.sql("SET SESSION binlog_format = 'STATEMENT'")
+    p.sql("UPDATE assets SET content = 'lost' WHERE id = 1")
+    p.sql("SET SESSION binlog_format = 'ROW'")
+
+    p.wait(lambda: fence_events(p) == 3, 60, "the worker to take the three fence events")
+    assert isinstance(cache.get(p.namespace, [1]), Miss), "row 1 served after its change was lost"
+    p.sql(ROW, (3, "three"))
+    p.wait(lambda: isinstance(cache.get(p.namespace, [3]), Hit), 60, "row 3 served")
+    assert p.starts["connector"] == 1 and p.procs["connector"].poll() is None
+    assert metric(metrics_text(metrics_port), "freshkey_connector_unreadable_events_total") == 1
+    log = connector_log(p)
+    assert "logged as a statement" in log and "'lost'" not in log, "row values are never logged"
+
+
+def fence_events(p: Pipeline) -> int:
+    """The fence events the worker took (``events.fence_event`` of its stats)."""
+    stats = p.stats()
+    return int(stats["events"].get("fence_event", 0)) if stats else 0
 
 
 def decode_letter(value: bytes) -> DeadLetter:

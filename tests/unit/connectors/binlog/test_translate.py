@@ -13,12 +13,13 @@ from typing import Any
 
 import pytest
 
-from connectors.binlog.ddl import mentioned_databases, statement_kind, translate_ddl
+from connectors.binlog.ddl import mentioned_databases, statement_kind, statement_tables, translate_ddl
 from connectors.binlog.translate import (
     EventOrigin,
     RowsEvent,
     RowsKind,
     VersionSource,
+    fence_event,
     translate_rows,
     unreadable_rows,
 )
@@ -295,10 +296,47 @@ BOUND = [("shop", "assets"), ("shop", "Orders"), ("media", "clips")]
         ("SAVEPOINT s1", "control"),
         ("ALTER TABLE assets ADD x INT", "ddl"),
         ("CREATE TABLE t (id INT PRIMARY KEY)", "ddl"),
+        ("CREATE TABLE t2 SELECT * FROM t", "ddl"),
+        ("INSERTS_LOG_ROTATE", "ddl"),  # a word that only starts like one
+        ("INSERT INTO assets VALUES (1)", "dml"),
+        ("update assets set a = 1", "dml"),
+        ("  DELETE FROM assets", "dml"),
+        ("REPLACE INTO assets VALUES (1)", "dml"),
+        ("LOAD DATA INFILE 'x' INTO TABLE assets", "dml"),
+        ("/* app=api */ UPDATE assets SET a = 1", "dml"),
+        ("-- note\nDELETE FROM assets", "dml"),
+        ("# note\nINSERT INTO assets VALUES (1)", "dml"),
+        ("WITH t AS (SELECT 1) UPDATE assets SET a = 1", "dml"),
+        ("/* app */ ALTER TABLE assets ADD y INT", "ddl"),
     ],
 )
 def test_statement_kind(query: str, kind: str) -> None:
     assert statement_kind(query) == kind
+
+
+@pytest.mark.parametrize(
+    ("query", "schema", "tables"),
+    [
+        ("UPDATE assets SET a = 1", "shop", [("shop", "Orders"), ("shop", "assets")]),
+        ("UPDATE sessions SET a = 1", "shop", [("shop", "Orders"), ("shop", "assets")]),  # a trigger may
+        ("UPDATE media.clips SET a = 1", "other", [("media", "clips")]),
+        (
+            "UPDATE `shop`.`assets` a JOIN media.clips c SET a.x = 1",
+            "other",
+            [("media", "clips"), ("shop", "assets")],
+        ),
+        ("UPDATE t SET a = 1", "other", []),
+    ],
+)
+def test_statement_tables(query: str, schema: str, tables: list[tuple[str, str]]) -> None:
+    assert statement_tables(query, schema, BOUND) == tables
+
+
+def test_a_fence_event_per_table_has_its_own_id() -> None:
+    first = fence_event(ORIGIN, "shop", "assets", "lost", read_ms=READ_MS)
+    second = fence_event(ORIGIN, "media", "clips", "lost", read_ms=READ_MS)
+    assert first.event_id == f"1:{FILE}:{END_POS}:fence:shop.assets" and first.event_id != second.event_id
+    assert (second.source.db, second.source.table, second.reason) == ("media", "clips", "lost")
 
 
 def test_a_ddl_in_a_bound_database_is_one_event_for_it() -> None:
