@@ -186,13 +186,13 @@ class ChangeProcessor:
         if binding is None:
             return
         log.error(
-            "the connector could not read a rows event of %s.%s at %s:%d (%s): fencing namespace %s",
+            "the connector lost changes of %s.%s at %s:%d (%s): fencing namespace %s",
             event.source.db, event.source.table, event.source.file, event.source.pos, event.reason,
             binding.namespace,
         )  # fmt: skip
         prepared.fences[binding.namespace] = Fence(
-            f"changes of {binding.table} were lost (a binlog rows event the connector could not read, at "
-            f"{event.source.file}:{event.source.pos}): {event.reason}",
+            f"changes of {binding.table} were lost to the connector at {event.source.file}:"
+            f"{event.source.pos}: {event.reason}",
             "unreadable-binlog",
         )
 

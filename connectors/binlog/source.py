@@ -30,6 +30,7 @@ from pymysqlreplication.event import (
     GtidEvent,
     HeartbeatLogEvent,
     MariadbGtidEvent,
+    NotImplementedEvent,
     QueryEvent,
     RotateEvent,
     XidEvent,
@@ -94,6 +95,16 @@ _ROWS_EVENTS = frozenset({WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent})
 """The rows events the reader yields: it filters on exact classes (``only_events``), so an event is one of
 these or of another class, never a subclass of them. MySQL's PartialUpdateRowsEvent (a subclass) is
 asked for only to be said unreadable: its after image holds only the changed parts of JSON documents."""
+
+
+_COMPRESSED_EVENTS = {
+    0x28: "a MySQL transaction payload (binlog_transaction_compression=ON)",
+    0xA5: "a MariaDB compressed query event (log_bin_compress=ON)",
+    **dict.fromkeys(range(0xA6, 0xAC), "a MariaDB compressed rows event (log_bin_compress=ON)"),
+}
+"""Binlog event types that hold changes pymysqlreplication cannot read (it makes them NotImplementedEvent):
+compressed events. ``freshkey doctor`` and the connector's start refuse compression; one that is turned
+on later (MariaDB's is global and dynamic, MySQL's may be set per session) shows here."""
 
 
 class PartialJsonUpdate(Exception):
@@ -171,6 +182,7 @@ class BinlogSource:
                 UpdateRowsEvent,
                 DeleteRowsEvent,
                 PartialUpdateRowsEvent,
+                NotImplementedEvent,  # only to see compressed events (_COMPRESSED_EVENTS)
                 XidEvent,
                 QueryEvent,
                 RotateEvent,
@@ -178,6 +190,7 @@ class BinlogSource:
                 MariadbGtidEvent,
                 HeartbeatLogEvent,
             ],
+            filter_non_implemented_events=False,  # NotImplementedEvent is asked for (compressed events)
             only_schemas=sorted(self._databases),
             only_tables=sorted({t for _, t in self._tables}),
             slave_heartbeat=1.0,
@@ -235,6 +248,10 @@ class BinlogSource:
                         "holds only the changed parts of the documents; set it to '' for the writers"
                     )
                     yield from self._unreadable(event, stream.log_file, gtid, partial)
+            elif type(event) is NotImplementedEvent:
+                what = _COMPRESSED_EVENTS.get(getattr(event.packet, "event_type", -1))
+                if what is not None:
+                    yield from self._compressed(event, what, stream.log_file, gtid)
             elif isinstance(event, GtidEvent | MariadbGtidEvent):
                 gtid, ordinal = event.gtid, 0
             elif isinstance(event, XidEvent):
@@ -293,6 +310,19 @@ class BinlogSource:
         )
         read_ms = _now_ms()
         return [fence_event(origin, db, table, reason, read_ms=read_ms) for db, table in concerned]
+
+    def _compressed(self, event: Any, what: str, file: str, gtid: str | None) -> list[FenceEvent]:
+        """A compressed event: which table's changes (or which statement) it holds is unknown, so every
+        bound table is fenced, said loudly."""
+        origin = self._origin(event, file, gtid)
+        log.error(
+            "%s at %s:%d cannot be read: the changes it holds are lost; fencing every bound table. Turn "
+            "binlog compression off (freshkey doctor says how)",
+            what, file, origin.end_pos,
+        )  # fmt: skip
+        reason = f"{what} at {file}:{origin.end_pos} cannot be read: the changes it holds are lost"
+        read_ms = _now_ms()
+        return [fence_event(origin, db, table, reason, read_ms=read_ms) for db, table in sorted(self._tables)]
 
     def _origin(self, event: Any, file: str, gtid: str | None) -> EventOrigin:
         return EventOrigin(

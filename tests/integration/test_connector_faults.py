@@ -226,6 +226,38 @@ def test_a_row_change_logged_as_a_statement_fences_the_tables_it_may_touch(
     assert "logged as a statement" in log and "'lost'" not in log, "row values are never logged"
 
 
+def test_binlog_compression_turned_on_while_running_fences_every_bound_table(
+    on_private_mysql: tuple[LocalMariaDB, MySQLService, Pipeline],
+) -> None:
+    """MariaDB's log_bin_compress is global and dynamic: turned on after the connector started (which
+    refuses it at its start), rows events over 256 bytes are compressed, and pymysqlreplication skips
+    them as events it does not implement. The connector fences every bound table instead of missing the
+    change."""
+    _, _, p = on_private_mysql
+    p, metrics_port = two_rows_cached(p, "ALTER TABLE assets COMMENT 'compression test'")
+    cache = SyncCacheClient(p.redis, prefix=p.prefix)
+    assert isinstance(cache.get(p.namespace, [1]), Hit)
+    p.sql("SET GLOBAL log_bin_compress = ON")
+    try:
+        p.sql("UPDATE assets SET content = %s WHERE id = 1", ("lost " + "x" * 2000,))
+    finally:
+        p.sql("SET GLOBAL log_bin_compress = OFF")
+
+    # Every table the connector reads is fenced (one count each), through the 3 partitions.
+    def unreadable() -> int:
+        return int(metric(metrics_text(metrics_port), "freshkey_connector_unreadable_events_total") or 0)
+
+    p.wait(lambda: unreadable() > 0, 60, "the connector to fence")
+    tables = unreadable()
+    p.wait(lambda: fence_events(p) == 3 * tables, 60, "the worker to take the fence events")
+    assert isinstance(cache.get(p.namespace, [1]), Miss), "row 1 served after its change was lost"
+    p.sql(ROW, (3, "three"))
+    p.wait(lambda: isinstance(cache.get(p.namespace, [3]), Hit), 60, "row 3 served")
+    assert p.starts["connector"] == 1 and p.procs["connector"].poll() is None
+    assert unreadable() == tables
+    assert "compressed rows event" in connector_log(p)
+
+
 def fence_events(p: Pipeline) -> int:
     """The fence events the worker took (``events.fence_event`` of its stats)."""
     stats = p.stats()
