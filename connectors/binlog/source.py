@@ -241,6 +241,8 @@ class BinlogSource:
                     continue
                 yield from changes
                 ordinal += len(rows.rows)
+                if any(type(change) is DeadLetter for change in changes):
+                    yield self._rows_lost(rows, changes)
             elif type(event) is PartialUpdateRowsEvent:
                 if (event.schema, event.table) in self._tables:
                     partial = PartialJsonUpdate(
@@ -274,6 +276,17 @@ class BinlogSource:
                 yield from translate_ddl(query, schema, origin, self._tables, read_ms=_now_ms())
                 # a DDL statement commits implicitly
                 yield Boundary(BinlogPosition(stream.log_file, stream.log_pos, gtid))
+
+    def _rows_lost(self, rows: RowsEvent, changes: list[ChangeEvent | DeadLetter]) -> FenceEvent:
+        """Rows of the event that became dead letters (no primary key, a value or version that makes no
+        valid change): their changes are lost, so the table's namespace is fenced after the event's other
+        changes. The reason names no value (a dead letter's reason may quote one)."""
+        lost = sum(1 for change in changes if isinstance(change, DeadLetter))
+        reason = (
+            f"{lost} row change(s) of {rows.schema}.{rows.table} could not be sent (the dead-letter topic, "
+            "stage connector, says why)"
+        )
+        return fence_event(rows.origin, rows.schema, rows.table, reason, read_ms=_now_ms())
 
     def _unreadable(
         self, event: Any, file: str, gtid: str | None, exc: Exception

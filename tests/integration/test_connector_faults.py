@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from cache_writer.client import Hit, Miss, SyncCacheClient
+from cache_writer.client import FillResult, Hit, Miss, SyncCacheClient
 from connectors.checkpoint import CheckpointStore
 from pipeline.demo.catchup import connector_reached
 from pipeline.embedded import (
@@ -224,6 +224,28 @@ def test_a_row_change_logged_as_a_statement_fences_the_tables_it_may_touch(
     assert metric(metrics_text(metrics_port), "freshkey_connector_unreadable_events_total") == 1
     log = connector_log(p)
     assert "logged as a statement" in log and "'lost'" not in log, "row values are never logged"
+
+
+def test_a_row_change_that_becomes_a_dead_letter_fences_its_namespace(
+    make_pipeline: Callable[..., Pipeline],
+) -> None:
+    """A bound table loses its primary key: its row changes cannot address a row and become dead letters
+    (as before); its entries are fenced now. Before, an entry the application filled after the DDL stayed
+    served with its old value."""
+    p, _ = two_rows_cached(make_pipeline(), "ALTER TABLE assets COMMENT 'dead letter test'")
+    cache = SyncCacheClient(p.redis, prefix=p.prefix)
+    p.sql("ALTER TABLE assets DROP PRIMARY KEY")
+    p.wait(lambda: (p.stats() or {}).get("events", {}).get("ddl", 0) >= 1, 60, "the worker to take the DDL")
+    miss = cache.get(p.namespace, [1])  # the DDL moved the signature: the application reads through
+    assert isinstance(miss, Miss) and miss.lease is not None
+    assert cache.fill(miss.lease, b'{"content": "small one"}') is FillResult.FILLED
+    assert isinstance(cache.get(p.namespace, [1]), Hit)
+    p.sql("UPDATE assets SET content = 'lost' WHERE id = 1")
+    letters = [decode_letter(r.value) for r in read_records(p.kafka, p.dead_letter_topic, expect=1)]
+    assert [d.stage for d in letters] == ["connector"] and "has no primary key" in letters[0].reason
+    p.wait(lambda: isinstance(cache.get(p.namespace, [1]), Miss), 60, "row 1 no longer served")
+    p.wait(lambda: fence_events(p) == 3, 60, "the worker to take the three fence events")
+    assert p.starts["connector"] == 1 and p.procs["connector"].poll() is None
 
 
 def test_binlog_compression_turned_on_while_running_fences_every_bound_table(
