@@ -53,9 +53,9 @@ class ConnectorMetrics:
         self.unreadable = meter.create_counter(
             names.CONNECTOR_UNREADABLE,
             description="Bound tables whose changes the connector could not read from the binlog, once "
-            "per event and table: a rows event it cannot decode (also in the dead-letter topic), a partial "
-            "JSON update, a row change logged as a statement, a compressed event (every table); each table's "
-            "namespace was fenced.",
+            "per event and table: a rows event it cannot decode (also in the dead-letter topic), rows that "
+            "became dead letters, a partial JSON update, a row change logged as a statement, a compressed "
+            "event (every table); each table's namespace was fenced.",
         )
         self.checkpoint_ages: list[Callable[[], float]] = []
         """The running connector's checkpoint age (seconds); empty when none runs in this process."""

@@ -151,10 +151,7 @@ class Sender:
                 )
             self.send(smaller, acked)
 
-        if partition is None:
-            self.producer.produce(topic, key, value, delivered, on_too_large=too_large)
-        else:
-            self.producer.produce(topic, key, value, delivered, on_too_large=too_large, partition=partition)
+        self.producer.produce(topic, key, value, delivered, on_too_large=too_large, partition=partition)
 
     def registry_row(self, event: ChangeEvent) -> None:
         """A change of the model registry table: a model update, or a dead letter saying why not."""

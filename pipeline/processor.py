@@ -17,7 +17,6 @@ from cache_writer import (
     CacheTier,
     Outcome,
     TierUnavailableError,
-    entry_key,
 )
 from cache_writer.retry import RetryPolicy, TierGuard
 from cache_writer.semantic.exceptions import EmbeddingError
@@ -33,6 +32,7 @@ from pipeline.observe.stats import WorkerStats
 from pipeline.outages import OUTAGES
 from pipeline.plan import BindError, commit_time_coarse, plan
 from pipeline.prepared import Fence, Planned, Prepared, Reject, describe
+from pipeline.unapplied import lost_changes, oversize_plan
 from schemas import Binding, Bindings, ChangeEvent, DdlEvent, DecodeError, FenceEvent, decode
 from schemas.debezium import Skip
 
@@ -160,41 +160,18 @@ class ChangeProcessor:
         return prepared
 
     def _plan_oversize(self, event: ChangeEvent, binding: Binding, prepared: Prepared) -> list[CacheAction]:
-        """A row too large for a message: invalidate its entry when its key and version are known from
-        the event alone (row-keyed by the primary key, binlog/GTID versions); else fence the namespace."""
         self.observers.on_event("oversize")
-        key_columns = binding.key_columns or tuple(event.key)
-        if binding.semantic is None and binding.version_column is None and set(key_columns) <= set(event.key):
-            key = entry_key(self.key_prefix, binding.namespace, [event.key[c] for c in key_columns])
-            log.warning("oversized row of %s (key %s): its entry is invalidated", binding.table, event.key)
-            return [CacheAction("invalidate", key, event.version, event.commit_ts_us)]
-        prepared.fences.setdefault(
-            binding.namespace,
-            Fence(
-                f"an oversized row of {binding.table} whose entry key or version needs the row itself "
-                "(raise FRESHKEY_KAFKA_MAX_MESSAGE_BYTES and the broker's limit to cache such rows)",
-                "oversize",
-            ),
-        )
-        return []
+        planned = oversize_plan(event, binding, self.key_prefix)
+        if isinstance(planned, Fence):
+            prepared.fences.setdefault(binding.namespace, planned)
+            return []
+        return planned
 
     def _fence_event(self, event: FenceEvent, prepared: Prepared) -> None:
-        """The connector lost a rows event of this table: its namespace is fenced (each partition brings
-        one such event; see :class:`~schemas.events.FenceEvent`)."""
         self.observers.on_event("fence_event")
         binding = self.bindings.for_table(event.source.db, event.source.table)
-        if binding is None:
-            return
-        log.error(
-            "the connector lost changes of %s.%s at %s:%d (%s): fencing namespace %s",
-            event.source.db, event.source.table, event.source.file, event.source.pos, event.reason,
-            binding.namespace,
-        )  # fmt: skip
-        prepared.fences[binding.namespace] = Fence(
-            f"changes of {binding.table} were lost to the connector at {event.source.file}:"
-            f"{event.source.pos}: {event.reason}",
-            "unreadable-binlog",
-        )
+        if binding is not None:
+            prepared.fences[binding.namespace] = lost_changes(event, binding)
 
     async def _semantic_keys(
         self, bound: Sequence[tuple[int, ChangeEvent, Binding]], models: dict[str, NamespaceModels]

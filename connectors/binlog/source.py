@@ -3,8 +3,9 @@
 Reads with pymysqlreplication from a transaction boundary (file/position), and yields, in order:
 :class:`ChangeEvent` per row, :class:`DdlEvent` per schema change that may touch a bound table (run in a
 bound database, or naming a bound ``db.table`` from anywhere), :class:`DeadLetter` for rows it cannot
-turn into events (a table without a primary key), a :class:`DeadLetter` and a :class:`FenceEvent` for a
-rows event it cannot read at all (pymysqlreplication raised on its bytes), a :class:`Boundary` after
+turn into events (a table without a primary key), a :class:`FenceEvent` wherever a bound table's changes
+are lost to it (a rows event it cannot read, also a :class:`DeadLetter`; rows that became dead letters; a
+statement-logged row change; a compressed event: :mod:`connectors.binlog.lost`), a :class:`Boundary` after
 every committed transaction, which is where a checkpoint may point, and a :class:`Tick` whenever the
 server shows it is alive without a change (the stream's start, a heartbeat about every second while
 idle), so that the reader can check its other connections while the database is quiet.
@@ -42,7 +43,16 @@ from pymysqlreplication.row_event import (
     WriteRowsEvent,
 )
 
-from connectors.binlog.ddl import mentioned_databases, statement_kind, statement_tables, translate_ddl
+from connectors.binlog.ddl import mentioned_databases, statement_kind, translate_ddl
+from connectors.binlog.lost import (
+    COMPRESSED_EVENTS,
+    PartialJsonUpdate,
+    compressed,
+    event_bytes,
+    rows_lost,
+    statement_logged,
+    unreadable_rows,
+)
 from connectors.binlog.positions import ER_MASTER_FATAL_ERROR_READING_BINLOG, binary_logs, refusal_error
 from connectors.binlog.rowdecode import RowDecoder, as_is, decode_rows, row_decoder
 from connectors.binlog.tablemaps import DumpConnection, TableMapGuard
@@ -51,9 +61,7 @@ from connectors.binlog.translate import (
     RowsEvent,
     RowsKind,
     VersionSource,
-    fence_event,
     translate_rows,
-    unreadable_rows,
 )
 from connectors.checkpoint import BinlogPosition
 from connectors.database import column_types
@@ -97,30 +105,8 @@ these or of another class, never a subclass of them. MySQL's PartialUpdateRowsEv
 asked for only to be said unreadable: its after image holds only the changed parts of JSON documents."""
 
 
-_COMPRESSED_EVENTS = {
-    0x28: "a MySQL transaction payload (binlog_transaction_compression=ON)",
-    0xA5: "a MariaDB compressed query event (log_bin_compress=ON)",
-    **dict.fromkeys(range(0xA6, 0xAC), "a MariaDB compressed rows event (log_bin_compress=ON)"),
-}
-"""Binlog event types that hold changes pymysqlreplication cannot read (it makes them NotImplementedEvent):
-compressed events. ``freshkey doctor`` and the connector's start refuse compression; one that is turned
-on later (MariaDB's is global and dynamic, MySQL's may be set per session) shows here."""
-
-
-class PartialJsonUpdate(Exception):
-    """A rows event of MySQL's partial JSON format (``binlog_row_value_options=PARTIAL_JSON``, set for a
-    session: ``freshkey doctor`` refuses it globally)."""
-
-
 def _now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def _event_bytes(event: Any) -> bytes:
-    """The bytes of a binlog event's packet as the server sent it (for a dead letter); b"" when the reader
-    holds them in another form."""
-    data = getattr(getattr(getattr(event, "packet", None), "packet", None), "_data", None)
-    return bytes(data) if isinstance(data, bytes | bytearray | memoryview) else b""
 
 
 def _text(value: object) -> str:
@@ -182,7 +168,7 @@ class BinlogSource:
                 UpdateRowsEvent,
                 DeleteRowsEvent,
                 PartialUpdateRowsEvent,
-                NotImplementedEvent,  # only to see compressed events (_COMPRESSED_EVENTS)
+                NotImplementedEvent,  # only to see compressed events (lost.COMPRESSED_EVENTS)
                 XidEvent,
                 QueryEvent,
                 RotateEvent,
@@ -228,10 +214,11 @@ class BinlogSource:
             if type(event) in _ROWS_EVENTS:
                 if (event.schema, event.table) not in self._tables:
                     continue
+                read_ms = _now_ms()
                 try:
                     rows = self._rows_event(event, stream.log_file, gtid)
                     translated = translate_rows(
-                        rows, version_source=self._version_source, first_ordinal=ordinal, read_ms=_now_ms()
+                        rows, version_source=self._version_source, first_ordinal=ordinal, read_ms=read_ms
                     )
                     changes = list(translated)
                 except (pymysql.err.Error, ConnectorError):  # the database away, a setting: not the event
@@ -241,19 +228,17 @@ class BinlogSource:
                     continue
                 yield from changes
                 ordinal += len(rows.rows)
-                if any(type(change) is DeadLetter for change in changes):
-                    yield self._rows_lost(rows, changes)
+                lost = rows_lost(rows, changes, read_ms=read_ms)  # rows that became dead letters
+                if lost is not None:
+                    yield lost
             elif type(event) is PartialUpdateRowsEvent:
                 if (event.schema, event.table) in self._tables:
-                    partial = PartialJsonUpdate(
-                        "a partial JSON update (binlog_row_value_options=PARTIAL_JSON): its after image "
-                        "holds only the changed parts of the documents; set it to '' for the writers"
-                    )
-                    yield from self._unreadable(event, stream.log_file, gtid, partial)
+                    yield from self._unreadable(event, stream.log_file, gtid, PartialJsonUpdate())
             elif type(event) is NotImplementedEvent:
-                what = _COMPRESSED_EVENTS.get(getattr(event.packet, "event_type", -1))
+                what = COMPRESSED_EVENTS.get(getattr(event.packet, "event_type", -1))
                 if what is not None:
-                    yield from self._compressed(event, what, stream.log_file, gtid)
+                    origin = self._origin(event, stream.log_file, gtid)
+                    yield from compressed(origin, what, self._tables, read_ms=_now_ms())
             elif isinstance(event, GtidEvent | MariadbGtidEvent):
                 gtid, ordinal = event.gtid, 0
             elif isinstance(event, XidEvent):
@@ -264,7 +249,10 @@ class BinlogSource:
                 query = event.query.strip() if isinstance(event.query, str) else str(event.query)
                 kind = statement_kind(query)
                 if kind == "dml":  # its rows are not in the binlog: the tables it may touch are fenced
-                    yield from self._statement_logged(event, query, stream.log_file, gtid)
+                    origin = self._origin(event, stream.log_file, gtid)
+                    yield from statement_logged(
+                        origin, _text(event.schema), query, self._tables, read_ms=_now_ms()
+                    )
                     continue
                 if kind != "ddl":
                     if kind == "commit":
@@ -277,65 +265,14 @@ class BinlogSource:
                 # a DDL statement commits implicitly
                 yield Boundary(BinlogPosition(stream.log_file, stream.log_pos, gtid))
 
-    def _rows_lost(self, rows: RowsEvent, changes: list[ChangeEvent | DeadLetter]) -> FenceEvent:
-        """Rows of the event that became dead letters (no primary key, a value or version that makes no
-        valid change): their changes are lost, so the table's namespace is fenced after the event's other
-        changes. The reason names no value (a dead letter's reason may quote one)."""
-        lost = sum(1 for change in changes if isinstance(change, DeadLetter))
-        reason = (
-            f"{lost} row change(s) of {rows.schema}.{rows.table} could not be sent (the dead-letter topic, "
-            "stage connector, says why)"
-        )
-        return fence_event(rows.origin, rows.schema, rows.table, reason, read_ms=_now_ms())
-
     def _unreadable(
         self, event: Any, file: str, gtid: str | None, exc: Exception
     ) -> tuple[DeadLetter, FenceEvent]:
-        """A rows event that cannot be read: a dead letter and the fence of its table (``unreadable_rows``),
-        said loudly; the stream goes on."""
-        schema, table = str(event.schema), str(event.table)
+        """A rows event that cannot be read: a dead letter and the fence of its table (``lost``)."""
         origin = self._origin(event, file, gtid)
-        log.error(
-            "a rows event of %s.%s at %s:%d cannot be read (%s: %s): its changes are lost; it goes to the "
-            "dead-letter topic and the table's namespace is fenced",
-            schema, table, file, origin.end_pos, type(exc).__name__, exc,
-            exc_info=log.isEnabledFor(logging.DEBUG),
-        )  # fmt: skip
-        return unreadable_rows(origin, schema, table, exc, _event_bytes(event), read_ms=_now_ms())
-
-    def _statement_logged(self, event: Any, query: str, file: str, gtid: str | None) -> list[FenceEvent]:
-        """A row change logged as a statement (its writer's session set ``binlog_format`` to STATEMENT or
-        MIXED): its rows are lost to the connector, so the bound tables it may touch are fenced
-        (``statement_tables``), said loudly. The statement itself is not logged: it holds row values."""
-        schema = _text(event.schema)
-        concerned = statement_tables(query, schema, self._tables)
-        if not concerned:
-            return []
-        origin = self._origin(event, file, gtid)
-        log.error(
-            "a row change in %s at %s:%d is logged as a statement (its session's binlog_format is not ROW): "
-            "its rows are lost; fencing %s. Set binlog_format=ROW for every writer",
-            schema or "(no database)", file, origin.end_pos, ", ".join(f"{d}.{t}" for d, t in concerned),
-        )  # fmt: skip
-        reason = (
-            f"a row change logged as a statement at {file}:{origin.end_pos} (binlog_format not ROW for its "
-            "session): its rows are not in the binlog"
+        return unreadable_rows(
+            origin, str(event.schema), str(event.table), exc, event_bytes(event), read_ms=_now_ms()
         )
-        read_ms = _now_ms()
-        return [fence_event(origin, db, table, reason, read_ms=read_ms) for db, table in concerned]
-
-    def _compressed(self, event: Any, what: str, file: str, gtid: str | None) -> list[FenceEvent]:
-        """A compressed event: which table's changes (or which statement) it holds is unknown, so every
-        bound table is fenced, said loudly."""
-        origin = self._origin(event, file, gtid)
-        log.error(
-            "%s at %s:%d cannot be read: the changes it holds are lost; fencing every bound table. Turn "
-            "binlog compression off (freshkey doctor says how)",
-            what, file, origin.end_pos,
-        )  # fmt: skip
-        reason = f"{what} at {file}:{origin.end_pos} cannot be read: the changes it holds are lost"
-        read_ms = _now_ms()
-        return [fence_event(origin, db, table, reason, read_ms=read_ms) for db, table in sorted(self._tables)]
 
     def _origin(self, event: Any, file: str, gtid: str | None) -> EventOrigin:
         return EventOrigin(

@@ -27,9 +27,9 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from connectors.exceptions import ConfigurationError
-from schemas import ChangeEvent, DeadLetter, FenceEvent, Source, VersionError, binlog_version, gtid_version
+from schemas import ChangeEvent, DeadLetter, Source, VersionError, binlog_version, gtid_version
 from schemas.codec import dead_letter
-from schemas.events import FENCE_REASON_CHARS, MAX_TS_MS, MAX_U32, MAX_U64, Op, Row
+from schemas.events import MAX_TS_MS, MAX_U32, MAX_U64, Op, Row
 from schemas.values import ColumnType, RowConverter, binlog_row_converter
 
 _Model = TypeVar("_Model", bound=BaseModel)
@@ -145,29 +145,6 @@ def translate_rows(
                 json.dumps(row, default=str).encode(),
                 stage="connector",
             )
-
-
-def unreadable_rows(
-    origin: EventOrigin, schema: str, table: str, error: BaseException, original: bytes, *, read_ms: int
-) -> tuple[DeadLetter, FenceEvent]:
-    """What a rows event of ``schema.table`` that cannot be read becomes (the binlog reader raised on its
-    bytes: a value it cannot decode): a dead letter with the error and the event's bytes, and a
-    :class:`FenceEvent` of the table, since its changes are lost and no entry of the table can be vouched
-    for. The connector goes on with the next event (no event can stop it, invariant 8)."""
-    reason = f"a rows event of {schema}.{table} could not be read: {type(error).__name__}: {error}"
-    fence = fence_event(origin, schema, table, reason, read_ms=read_ms)
-    return dead_letter(fence.reason, original, stage="connector-binlog"), fence
-
-
-def fence_event(origin: EventOrigin, db: str, table: str, reason: str, *, read_ms: int) -> FenceEvent:
-    """The :class:`FenceEvent` of ``db.table`` for changes lost at ``origin`` (``reason`` cut to its
-    bound)."""
-    return FenceEvent(
-        event_id=f"{origin.server_id}:{origin.file}:{origin.end_pos}:fence:{db}.{table}",
-        source=origin.source(db, table),
-        reason=reason[:FENCE_REASON_CHARS],
-        ts_ms=read_ms,
-    )
 
 
 class _Shared:

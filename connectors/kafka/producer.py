@@ -95,6 +95,10 @@ class MessageLimit:
             return False
 
 
+_BY_KEY = -1
+"""librdkafka's RD_KAFKA_PARTITION_UA (``produce``'s default): the partitioner picks by the key."""
+
+
 class ChangeProducer:
     """Wraps confluent-kafka's Producer with idempotence on (acks=all, no reordering on retry).
 
@@ -290,12 +294,8 @@ class ChangeProducer:
             self._progress_at = time.monotonic()  # nothing was waiting: the wait starts now
         while True:
             try:
-                if partition is None:
-                    self._producer.produce(topic, value=value, key=key, on_delivery=callback)
-                else:
-                    self._producer.produce(
-                        topic, value=value, key=key, partition=partition, on_delivery=callback
-                    )
+                where = _BY_KEY if partition is None else partition
+                self._producer.produce(topic, value=value, key=key, partition=where, on_delivery=callback)
                 return
             except BufferError:
                 self.raise_if_failed()

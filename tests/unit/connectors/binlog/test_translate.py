@@ -19,19 +19,14 @@ from connectors.binlog.translate import (
     RowsEvent,
     RowsKind,
     VersionSource,
-    fence_event,
     translate_rows,
-    unreadable_rows,
 )
 from connectors.exceptions import ConfigurationError
 from schemas import (
     ChangeEvent,
     DdlEvent,
     DeadLetter,
-    FenceEvent,
     binlog_version,
-    decode,
-    encode,
     gtid_version,
 )
 from schemas.values import EMPTY_SET, ColumnType
@@ -332,13 +327,6 @@ def test_statement_tables(query: str, schema: str, tables: list[tuple[str, str]]
     assert statement_tables(query, schema, BOUND) == tables
 
 
-def test_a_fence_event_per_table_has_its_own_id() -> None:
-    first = fence_event(ORIGIN, "shop", "assets", "lost", read_ms=READ_MS)
-    second = fence_event(ORIGIN, "media", "clips", "lost", read_ms=READ_MS)
-    assert first.event_id == f"1:{FILE}:{END_POS}:fence:shop.assets" and first.event_id != second.event_id
-    assert (second.source.db, second.source.table, second.reason) == ("media", "clips", "lost")
-
-
 def test_a_ddl_in_a_bound_database_is_one_event_for_it() -> None:
     (event,) = translate_ddl("ALTER TABLE assets ADD x INT", "shop", ORIGIN, BOUND, read_ms=READ_MS)
     assert isinstance(event, DdlEvent)
@@ -422,26 +410,3 @@ def test_other_tables_are_not_mentions(query: str) -> None:
 def test_a_bare_database_word_needs_the_database_keyword() -> None:
     assert mentioned_databases("ALTER TABLE t COMMENT 'shop'", BOUND) == {}
     assert mentioned_databases("ALTER TABLE shop ADD x INT", BOUND) == {}
-
-
-def test_an_unreadable_rows_event_is_a_dead_letter_and_a_fence_of_its_table() -> None:
-    error = ValueError("day is out of range for month")
-    letter, fence = unreadable_rows(
-        ORIGIN, "shop", "assets", error, b"\x00raw event", read_ms=1_700_000_000_777
-    )
-    assert isinstance(letter, DeadLetter) and isinstance(fence, FenceEvent)
-    assert letter.stage == "connector-binlog" and base64.b64decode(letter.original_b64) == b"\x00raw event"
-    assert letter.reason == fence.reason
-    assert (
-        fence.reason
-        == "a rows event of shop.assets could not be read: ValueError: day is out of range for month"
-    )
-    assert (fence.source.db, fence.source.table, fence.source.file, fence.source.pos) == (
-        "shop",
-        "assets",
-        FILE,
-        END_POS,
-    )
-    assert fence.ts_ms == 1_700_000_000_777 and decode(encode(fence)) == fence
-    _, long = unreadable_rows(ORIGIN, "shop", "assets", ValueError("x" * 5000), b"", read_ms=1)
-    assert len(long.reason) == 1000, "bounded: the message stays small"
