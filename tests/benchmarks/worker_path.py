@@ -2,7 +2,10 @@
 batches shaped like ``freshkey bench pipeline``'s single-row backlog (row-keyed, ``updated_at`` as version
 and commit time, value columns projected).
 
-    .venv/bin/python -m tests.benchmarks.worker_path [--changes 20000] [--batch 500] [--runs 5]
+    .venv/bin/python -m tests.benchmarks.worker_path [--changes 20000] [--batch 500] [--runs 5] [--default-gc]
+
+The collector is set as the worker sets it (:func:`pipeline.faust_app.freeze_gc`); ``--default-gc`` leaves
+CPython's collector as it is (nothing frozen, default thresholds), to compare: 25.0 against 17.8 µs.
 
 Prints the CPU µs per change of each stage (``time.process_time``, the minimum over runs: the figure the
 least disturbed by other processes) so that two trees can be compared side by side with ``farm-bench``.
@@ -20,6 +23,7 @@ import time
 from cache_writer.redis.tier import RedisTier, connect
 from cache_writer.settings import RedisSettings
 from pipeline.embedded.redis import LocalRedis
+from pipeline.faust_app import freeze_gc
 from pipeline.processor import ChangeProcessor
 from schemas import Binding, Bindings, ChangeEvent, encode
 from schemas.versions import datetime_to_us
@@ -114,7 +118,10 @@ def main() -> None:
     parser.add_argument("--changes", type=int, default=20_000)
     parser.add_argument("--batch", type=int, default=500)
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--default-gc", action="store_true", help="leave CPython's collector as it is")
     args = parser.parse_args()
+    if not args.default_gc:
+        freeze_gc()
     asyncio.run(run(args.changes, args.batch, args.runs))
 
 
