@@ -41,7 +41,7 @@ from pipeline.web import install_dashboard
 from pipeline.web.api import install_api
 from pipeline.web.auth import auth_middleware
 from pipeline.web.settings import web_settings
-from schemas import Binding, Bindings, ChangeEvent, DdlEvent, FenceEvent
+from schemas import Binding, Bindings, Change, DdlEvent, FenceEvent
 from schemas.debezium import DebeziumOptions, Skip, decode_any
 from schemas.values import ColumnType
 
@@ -97,9 +97,7 @@ def input_decoder(options: DebeziumOptions, mysql: MySQLSettings) -> Decoder:
                 return None
         return types[(database, table)]
 
-    def decoder(
-        topic: str, key: bytes | None, value: bytes | None
-    ) -> ChangeEvent | DdlEvent | FenceEvent | Skip:
+    def decoder(topic: str, key: bytes | None, value: bytes | None) -> Change | DdlEvent | FenceEvent | Skip:
         event = decode_any(topic, key, value, options, column_types=column_types_of)
         if isinstance(event, DdlEvent):
             for known in [k for k in types if k[0] == event.source.db]:

@@ -12,7 +12,7 @@ from typing import Any
 
 from cache_writer import CacheAction
 from cache_writer.layout import namespace_prefix
-from schemas import Binding, ChangeEvent, VersionError, column_version, encode_value, row_key
+from schemas import Binding, Change, VersionError, column_version, encode_value, row_key
 from schemas.errors import InvalidInput
 from schemas.versions import MAX_VERSION, datetime_to_us
 
@@ -21,7 +21,7 @@ class BindError(InvalidInput):
     """The event does not fit its binding (a named column is missing, a version is unusable)."""
 
 
-def _column(image: Mapping[str, Any], column: str, what: str, event: ChangeEvent) -> Any:
+def _column(image: Mapping[str, Any], column: str, what: str, event: Change) -> Any:
     try:
         return image[column]
     except KeyError:
@@ -30,7 +30,7 @@ def _column(image: Mapping[str, Any], column: str, what: str, event: ChangeEvent
         ) from None
 
 
-def _key_values(binding: Binding, event: ChangeEvent, image: Mapping[str, Any]) -> list[int | str]:
+def _key_values(binding: Binding, event: Change, image: Mapping[str, Any]) -> list[int | str]:
     columns = binding.key_columns or tuple(event.key)
     values: list[int | str] = []
     for column in columns:
@@ -55,7 +55,7 @@ def _row_of(values: list[int | str]) -> str:
     return row_key(values)
 
 
-def image_row_key(binding: Binding, event: ChangeEvent, image: Mapping[str, Any]) -> str:
+def image_row_key(binding: Binding, event: Change, image: Mapping[str, Any]) -> str:
     """The row key (``schemas.row_key`` of the key columns) of one image of the event."""
     return row_key(_key_values(binding, event, image))
 
@@ -65,7 +65,7 @@ def value_columns_of(binding: Binding, image: Mapping[str, Any]) -> tuple[str, .
     return binding.value_columns if binding.value_columns is not None else tuple(sorted(image))
 
 
-def _value(binding: Binding, event: ChangeEvent, image: Mapping[str, Any]) -> bytes:
+def _value(binding: Binding, event: Change, image: Mapping[str, Any]) -> bytes:
     columns = binding.value_columns
     if columns is None:
         projected = image
@@ -80,7 +80,7 @@ def _value(binding: Binding, event: ChangeEvent, image: Mapping[str, Any]) -> by
         raise BindError(f"value of {event.source.db}.{event.source.table} cannot be cached: {exc}") from None
 
 
-def event_version(binding: Binding, event: ChangeEvent) -> int:
+def event_version(binding: Binding, event: Change) -> int:
     """The version of this change: the event's (binlog coordinates), or the binding's version column.
 
     A delete has no version column of its own (its before image holds the version of the row it
@@ -102,7 +102,7 @@ def event_version(binding: Binding, event: ChangeEvent) -> int:
     return version
 
 
-def commit_time_us(binding: Binding, event: ChangeEvent) -> tuple[int, bool]:
+def commit_time_us(binding: Binding, event: Change) -> tuple[int, bool]:
     """Commit time in µs and whether it is coarse (the binlog's one-second timestamp).
 
     The binding's commit time column is read from the after image; a delete has none (its before image
@@ -117,7 +117,7 @@ def commit_time_us(binding: Binding, event: ChangeEvent) -> tuple[int, bool]:
         raise BindError(f"commit time column holds {value!r}, not a DATETIME") from None
 
 
-def commit_time_coarse(binding: Binding, event: ChangeEvent) -> bool:
+def commit_time_coarse(binding: Binding, event: Change) -> bool:
     """Whether :func:`commit_time_us` of this change is coarse, without reading the commit time again."""
     return (binding.commit_time_column is None or event.after is None) and event.commit_ts_coarse
 
@@ -131,7 +131,7 @@ SignatureOf = Callable[[Mapping[str, Any]], str | None]
 
 def plan(
     binding: Binding,
-    event: ChangeEvent,
+    event: Change,
     *,
     prefix: str,
     key_of: KeyOf | None = None,

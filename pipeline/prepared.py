@@ -8,13 +8,13 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from cache_writer import CacheAction
-from schemas import Binding, ChangeEvent, DdlEvent
+from schemas import Binding, Change, DdlEvent
 
 
 @dataclass(frozen=True, slots=True)
 class Planned:
     index: int
-    event: ChangeEvent
+    event: Change
     binding: Binding
     actions: list[CacheAction]
 

@@ -33,7 +33,7 @@ from pipeline.outages import OUTAGES
 from pipeline.plan import BindError, commit_time_coarse, plan
 from pipeline.prepared import Fence, Planned, Prepared, Reject, describe
 from pipeline.unapplied import lost_changes, oversize_plan
-from schemas import Binding, Bindings, ChangeEvent, DdlEvent, DecodeError, FenceEvent, decode
+from schemas import Binding, Bindings, Change, DdlEvent, DecodeError, FenceEvent, decode_change
 from schemas.debezium import Skip
 
 log = logging.getLogger(__name__)
@@ -41,13 +41,11 @@ log = logging.getLogger(__name__)
 __all__ = ["ChangeProcessor", "Decoder", "Planned", "Prepared", "Reject", "describe"]
 
 
-Decoder = Callable[[str, bytes | None, bytes | None], ChangeEvent | DdlEvent | FenceEvent | Skip]
+Decoder = Callable[[str, bytes | None, bytes | None], Change | DdlEvent | FenceEvent | Skip]
 
 
-def _freshkey_decoder(
-    topic: str, key: bytes | None, value: bytes | None
-) -> ChangeEvent | DdlEvent | FenceEvent:
-    return decode(value if value is not None else b"")
+def _freshkey_decoder(topic: str, key: bytes | None, value: bytes | None) -> Change | DdlEvent | FenceEvent:
+    return decode_change(value if value is not None else b"")
 
 
 class ChangeProcessor:
@@ -102,7 +100,7 @@ class ChangeProcessor:
         change of a semantic binding whose after image cannot be keyed is planned without that write (its
         before image's key is still invalidated) and also rejected (stage ``semantic-key``).
         """
-        bound: list[tuple[int, ChangeEvent, Binding]] = []
+        bound: list[tuple[int, Change, Binding]] = []
         prepared = Prepared([], [], [], {})
         for index, (key, value) in enumerate(messages):
             try:
@@ -159,7 +157,7 @@ class ChangeProcessor:
             prepared.planned.append(Planned(index, event, binding, actions))
         return prepared
 
-    def _plan_oversize(self, event: ChangeEvent, binding: Binding, prepared: Prepared) -> list[CacheAction]:
+    def _plan_oversize(self, event: Change, binding: Binding, prepared: Prepared) -> list[CacheAction]:
         self.observers.on_event("oversize")
         planned = oversize_plan(event, binding, self.key_prefix)
         if isinstance(planned, Fence):
@@ -174,7 +172,7 @@ class ChangeProcessor:
             prepared.fences[binding.namespace] = lost_changes(event, binding)
 
     async def _semantic_keys(
-        self, bound: Sequence[tuple[int, ChangeEvent, Binding]], models: dict[str, NamespaceModels]
+        self, bound: Sequence[tuple[int, Change, Binding]], models: dict[str, NamespaceModels]
     ) -> dict[tuple[int, int, str], str | EmbeddingError]:
         """Every image's key under every model state of its namespace, computed in one batch per keyer
         and modality: before and after images of an update are keyed together (invariant 6 makes the
@@ -211,7 +209,7 @@ class ChangeProcessor:
     def _plan(
         self,
         index: int,
-        event: ChangeEvent,
+        event: Change,
         binding: Binding,
         models: NamespaceModels,
         keys: dict[tuple[int, int, str], str | EmbeddingError],

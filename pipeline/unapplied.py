@@ -16,12 +16,12 @@ import logging
 
 from cache_writer import CacheAction, entry_key
 from pipeline.prepared import Fence
-from schemas import Binding, ChangeEvent, FenceEvent
+from schemas import Binding, Change, FenceEvent
 
 log = logging.getLogger(__name__)
 
 
-def oversize_plan(event: ChangeEvent, binding: Binding, prefix: str) -> list[CacheAction] | Fence:
+def oversize_plan(event: Change, binding: Binding, prefix: str) -> list[CacheAction] | Fence:
     """A row too large for a message: the invalidation of its entry when its key and version are known
     from the event alone (row-keyed by the primary key, binlog/GTID versions); else the namespace's fence."""
     key_columns = binding.key_columns or tuple(event.key)

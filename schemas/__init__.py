@@ -5,11 +5,13 @@ from schemas.codec import DecodeError, decode, encode, encode_value, message_key
 from schemas.events import ChangeEvent, DdlEvent, DeadLetter, FenceEvent, Op, Source
 from schemas.values import row_to_json, to_json_value
 from schemas.versions import VersionError, binlog_version, column_version, gtid_version
+from schemas.wire import Change, WireChange, decode_change
 
 __all__ = [
     "Binding",
     "BindingError",
     "Bindings",
+    "Change",
     "ChangeEvent",
     "DdlEvent",
     "DeadLetter",
@@ -18,9 +20,11 @@ __all__ = [
     "Op",
     "Source",
     "VersionError",
+    "WireChange",
     "binlog_version",
     "column_version",
     "decode",
+    "decode_change",
     "encode",
     "encode_value",
     "gtid_version",

@@ -34,11 +34,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from schemas.codec import decode
 from schemas.debezium.columns import RowDecoder
 from schemas.debezium.options import HEARTBEAT_PREFIX, ColumnTypes, DebeziumError, DebeziumOptions, Skip
 from schemas.events import MAX_U32, ChangeEvent, DdlEvent, FenceEvent, Source
 from schemas.versions import VersionError, binlog_version, gtid_version
+from schemas.wire import Change, decode_change
 
 
 def decode_any(
@@ -48,15 +48,16 @@ def decode_any(
     options: DebeziumOptions,
     *,
     column_types: ColumnTypes | None = None,
-) -> ChangeEvent | DdlEvent | FenceEvent | Skip:
+) -> Change | DdlEvent | FenceEvent | Skip:
     """Decode one message of the worker's input, whichever kind it is.
 
-    ``input=freshkey``: a freshkey change-topic message (:func:`schemas.codec.decode`). ``input=debezium``:
-    a Debezium message (:func:`decode_debezium`). Raises :class:`~schemas.codec.DecodeError` (for
-    Debezium: :class:`DebeziumError`) with the reason for a message that is no valid event.
+    ``input=freshkey``: a freshkey change-topic message (:func:`schemas.wire.decode_change`).
+    ``input=debezium``: a Debezium message (:func:`decode_debezium`). Raises
+    :class:`~schemas.codec.DecodeError` (for Debezium: :class:`DebeziumError`) with the reason for a message
+    that is no valid event.
     """
     if options.input == "freshkey":
-        return decode(value if value is not None else b"")
+        return decode_change(value if value is not None else b"")
     return decode_debezium(topic, key, value, options, column_types=column_types)
 
 
