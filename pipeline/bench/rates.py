@@ -1,6 +1,7 @@
 """The fixed-rate scenario of ``freshkey bench pipeline``: for each rate a fresh connector and worker
 on their own table and topic, single-row updates driven at that rate, lag per stage from the worker's
-stats; see :mod:`pipeline.bench.pipeline`."""
+stats, then the broker alone at the same rate (its own delivery lag, beside the ``connector->worker``
+stage); see :mod:`pipeline.bench.pipeline`."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from typing import Any
 
 from pipeline.bench.measure import Scenario, per_item, poll
 from pipeline.bench.procs import Sampler, wait_idle, wait_until
+from pipeline.bench.raw import raw_kafka_lag
 from pipeline.bench.roles import Connector, Worker, acked_count, acked_offsets, stop_all
 from pipeline.bench.stack import DATABASE, RATE_NAMESPACE, RATE_TABLE, RATE_WARMUP_TABLE, update_statement
+from pipeline.settings import WorkerSettings
 
 SUSTAINED_THROUGHPUT = 0.95
 SUSTAINED_CATCH_UP_S = 2.0
@@ -41,6 +44,7 @@ class RateRuns(Scenario):
                         f"run {run}/{config.runs}: {rate:,.0f} changes/s for {config.rate_seconds:g} s"
                     )
                     record = self._rate_run(rate, run, index, connector, worker)
+                    record["broker_lag_ms"] = self._broker_alone(rate, run, index)
                     records.append(record)
                     self.progress.log(_rate_line(record))
             finally:
@@ -143,6 +147,20 @@ class RateRuns(Scenario):
             "rejoins": worker.joins() - joins,
         }
 
+    def _broker_alone(self, rate: float, run: int, index: int) -> dict[str, Any]:
+        """The broker's own delivery lag at ``rate`` for as long, right after freshkey's run (its pair
+        stopped), beside ``connector->worker`` (:func:`~pipeline.bench.raw.raw_kafka_lag`)."""
+        config = self.config
+        return raw_kafka_lag(
+            self.stack.broker.bootstrap,
+            f"bench.raw-kafka.rate{run}-{index}",
+            rate=rate,
+            seconds=config.rate_seconds,
+            partitions=config.partitions,
+            fetch_max_wait_ms=WorkerSettings().fetch_max_wait_ms,
+            timeout_s=config.timeout_s,
+        )
+
     def _drive(self, rate: float, index: int, sampler: Sampler) -> int:
         """Single-row UPDATE transactions at ``rate`` per second for ``rate_seconds``: every statement
         that is due is sent at once (one round trip, each its own transaction), so the driver keeps the
@@ -178,9 +196,11 @@ def _rate_line(record: Mapping[str, Any]) -> str:
     def ms(value: Any) -> str:
         return "-" if value is None else f"{value:,.1f}"
 
+    broker = record.get("broker_lag_ms") or {}
     return (
         f"run {record['run']} at {record['rate']:,.0f}/s: driven {record['driven_per_s']:,.0f}/s, "
         f"throughput {record['throughput_per_s']:,.0f}/s, catch-up {record['catch_up_s']:.2f} s, "
         f"lag p50/p99/max {ms(lag.get('p50'))}/{ms(lag.get('p99'))}/{ms(lag.get('max'))} ms, "
-        f"{'sustained' if record['sustained'] else 'NOT sustained'}"
+        f"{'sustained' if record['sustained'] else 'NOT sustained'}; the broker alone "
+        f"{ms(broker.get('p50'))}/{ms(broker.get('p99'))}/{ms(broker.get('max'))} ms"
     )

@@ -110,6 +110,7 @@ def summarize(report: Mapping[str, Any]) -> dict[str, Any]:
             "reached_rate_runs": sum(bool(run["reached_rate"]) for run in runs),
             "runs": len(runs),
             "lag_ms": _percentiles(run.get("lag_ms") or {} for run in runs),
+            "broker_lag_ms": _percentiles(run.get("broker_lag_ms") or {} for run in runs),
             "stages_ms": {
                 stage: _percentiles(run.get("stages_ms", {}).get(stage) or {} for run in runs)
                 for stage in stages
@@ -252,7 +253,15 @@ def _render_rates(rates: Mapping[str, Any], console: Console) -> None:
             sustained,
         )
     console.print(table)
-    stages = Table(title="lag per stage at each rate (ms, medians over runs): p50 / p99 / max")
+    broker = any(entry.get("broker_lag_ms") for entry in rates.values())
+    stages = Table(
+        title="lag per stage at each rate (ms, medians over runs): p50 / p99 / max",
+        caption="the broker alone: right after each run, at the same rate and without freshkey, a plain "
+        "producer sending as the connector does (each change pushed) and a plain consumer fetching as "
+        "the worker does"
+        if broker
+        else None,
+    )
     stages.add_column("stage")
     for entry in rates.values():
         stages.add_column(f"{_rate(entry['rate'])}/s", justify="right")
@@ -269,6 +278,19 @@ def _render_rates(rates: Mapping[str, Any], console: Console) -> None:
                 )
             )
         stages.add_row(stage, *cells)
+    if broker:
+        stages.add_row(
+            "the broker alone",
+            *(
+                " / ".join(
+                    f"{entry['broker_lag_ms'][q]['median']:.1f}"
+                    if q in entry.get("broker_lag_ms", {})
+                    else "-"
+                    for q in ("p50", "p99", "max")
+                )
+                for entry in rates.values()
+            ),
+        )
     console.print(stages)
     cpu = Table(title="CPU µs per change and peak RSS at each rate (medians over runs)")
     cpu.add_column("rate/s", justify="right")

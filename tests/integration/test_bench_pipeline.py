@@ -135,6 +135,9 @@ def test_bench_pipeline_drives_fixed_rates_with_lag_per_stage(tmp_path: Path) ->
         assert lag["samples"] == run["changes"]  # the driven changes only: warm-ups have their own table
         assert 0 < lag["p50"] <= lag["p99"] <= lag["max"]
         assert set(run["stages_ms"]) >= STAGES
+        broker = run["broker_lag_ms"]  # the broker alone, at the same rate for as long
+        assert broker["samples"] == run["changes"] and 0 < broker["p50"] <= broker["p99"] <= broker["max"]
+        assert len(broker["p50_by_second"]) in (1, 2)
         assert run["processes"]["connector"]["cpu_s"] > 0 and run["processes"]["worker"]["cpu_s"] > 0
         assert run["catch_up_s"] == pytest.approx(
             run["changes"] / run["throughput_per_s"] - run["drive_s"], abs=0.01
@@ -142,3 +145,4 @@ def test_bench_pipeline_drives_fixed_rates_with_lag_per_stage(tmp_path: Path) ->
     summary = report["summary"]["rates"]
     assert set(summary) == {"200", "300"}
     assert summary["300"]["runs"] == 1 and set(summary["300"]["lag_ms"]) == {"p50", "p99", "max"}
+    assert set(summary["300"]["broker_lag_ms"]) == {"p50", "p99", "max"}
