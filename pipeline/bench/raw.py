@@ -187,6 +187,7 @@ async def _raw_kafka_lag(
         )
         thread.start()
         received = 0
+        seen = bytearray(total)
         deadline = time.monotonic() + total / rate + timeout_s
         while received < total and not failures:
             if time.monotonic() > deadline:
@@ -195,9 +196,11 @@ async def _raw_kafka_lag(
             now = time.perf_counter()
             for messages in batches.values():
                 for message in messages:
-                    index = int(message.key or b"0")
-                    lags[index] = (now - sent_at[index]) * 1000
-                    received += 1
+                    index = int(message.key or b"-1")
+                    if 0 <= index < total and not seen[index]:  # a redelivery counts once
+                        seen[index] = 1
+                        lags[index] = (now - sent_at[index]) * 1000
+                        received += 1
         thread.join(timeout_s)
     finally:
         await consumer.stop()
