@@ -13,11 +13,12 @@ from faust.types import Message
 class Intake:
     """Messages of ``topics`` on their way from the fetch loop to the one task that consumes them.
 
-    The fetch loop :meth:`put`s each message and :meth:`flush`es after each fetch; :meth:`take` returns
-    up to ``max_`` of them, oldest first, once a fetch's worth is in (or ``batch`` are waiting), so a
-    batch is as full as the broker's answer without a timer. At ``capacity`` the fetch loop waits for
-    room (:meth:`wait_room`). :meth:`clear` drops what is waiting: Faust calls it when partitions are
-    revoked (its flow control), and the consumer seeks back to the committed offsets, so nothing is lost.
+    The fetch loop :meth:`put`s messages (:meth:`put_many`: a partition's worth of a fetch) and
+    :meth:`flush`es after each fetch; :meth:`take` returns up to ``max_`` of them, oldest first, once a
+    fetch's worth is in (or ``batch`` are waiting), so a batch is as full as the broker's answer without
+    a timer. At ``capacity`` the fetch loop waits for room (:meth:`wait_room`) before it puts more.
+    :meth:`clear` drops what is waiting: Faust calls it when partitions are revoked (its flow control),
+    and the consumer seeks back to the committed offsets, so nothing is lost.
     """
 
     def __init__(self, topics: Collection[str], *, batch: int, capacity: int) -> None:
@@ -39,8 +40,12 @@ class Intake:
         return len(self._items) >= self.capacity
 
     def put(self, message: Message) -> None:
+        self.put_many([message])
+
+    def put_many(self, messages: list[Message]) -> None:
+        """:meth:`put` of each of ``messages`` (a partition's worth of a fetch), in one step."""
         items = self._items
-        items.append(message)
+        items.extend(messages)
         if len(items) >= self.batch:
             self._ready.set()
             if len(items) >= self.capacity:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import cast
 
 import faust
-from faust.types import Message
+from faust.types import TP, Message
 
 from pipeline.context import Worker
 from pipeline.faust_app import FreshkeyApp
@@ -107,16 +107,20 @@ def install(w: Worker) -> None:
                 processor.observers.on_event("unexpected")
                 await w.dead_letters.send(Received(message), "unexpected", describe(one))
 
-    def received(messages: Sequence[Message]) -> dict[tuple[str, int], int]:
+    def received(messages: Sequence[Message]) -> dict[TP, int]:
         """Tell the consumer progress what arrived (the oldest and the newest message of each partition:
         what it needs for the age of the oldest waiting change); the highest offset of each partition."""
-        first: dict[tuple[str, int], Message] = {}
-        highest: dict[tuple[str, int], int] = {}
+        first: dict[TP, Message] = {}
+        highest: dict[TP, int] = {}
         for message in messages:
-            where = (message.topic, message.partition)
-            if where not in first:
+            where = message.tp
+            offset = message.offset
+            seen = highest.get(where)
+            if seen is None:
                 first[where] = message
-            highest[where] = max(highest.get(where, -1), message.offset)
+                highest[where] = offset
+            elif offset > seen:
+                highest[where] = offset
         for where, message in first.items():
             w.progress.on_received(*where, message.offset, _timestamp_ms(message))
         return highest
@@ -125,10 +129,9 @@ def install(w: Worker) -> None:
     async def apply_changes(stream: faust.StreamT) -> None:
         """Faust's agent of the change topic, fed by the intake (its own stream stays empty)."""
         within_s = settings.batch_within_ms / 1000
-        ack = app.consumer.ack
         try:
             while True:
-                messages = [m for m in await intake.take(settings.batch_max, within_s) if app.current(m)]
+                messages = app.current_of(await intake.take(settings.batch_max, within_s))
                 if not messages:
                     continue
                 highest = received(messages)  # before anything can block: a wedged batch shows its age
@@ -139,8 +142,7 @@ def install(w: Worker) -> None:
                     raise
                 except Exception as exc:
                     await isolate(messages, exc)
-                for message in messages:
-                    ack(message)
+                app.ack(messages)
                 for (topic, partition), offset in highest.items():
                     processor.observers.on_offset(topic, partition, offset)
         except asyncio.CancelledError:

@@ -143,3 +143,23 @@ def test_the_app_drops_a_stale_generation_and_clears_the_intake_on_a_rebalance()
     assert not app.current(Fetched(2, 3))  # type: ignore[arg-type]
     app.flow_control.clear()
     assert len(intake) == 0
+
+
+def test_a_partitions_worth_put_at_once_is_ready_and_fills_the_intake_as_single_puts_do() -> None:
+    async def body() -> tuple[bool, list[int], bool, bool, list[int]]:
+        intake = _intake(batch=3, capacity=6)
+        intake.put_many([_Message(o) for o in (1, 2)])  # type: ignore[misc]
+        waiting = asyncio.ensure_future(intake.take(3))
+        await asyncio.sleep(0.01)
+        early = waiting.done()  # under a batch and not flushed: not ready yet
+        intake.put_many([_Message(o) for o in (3, 4, 5, 6, 7)])  # type: ignore[misc]
+        first = await asyncio.wait_for(waiting, 1)
+        room_after_first = intake._room.is_set()  # 4 left of capacity 6
+        intake.put_many([_Message(o) for o in (8, 9)])  # type: ignore[misc]
+        full = intake.full and not intake._room.is_set()
+        rest = await asyncio.wait_for(intake.take(10), 1)
+        return early, _offsets(first), room_after_first, full, _offsets(rest)
+
+    early, first, room, full, rest = asyncio.run(body())
+    assert not early and first == [1, 2, 3]
+    assert room and full and rest == [4, 5, 6, 7, 8, 9]
