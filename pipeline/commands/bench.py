@@ -161,7 +161,13 @@ def pipeline_bench(
         int, typer.Option("--insert-rows", min=1, help="Rows per multi-row INSERT.")
     ] = 1000,
     rows: Annotated[
-        int, typer.Option("--rows", min=1, help="Distinct rows the single-row updates cycle over.")
+        int,
+        typer.Option(
+            "--rows",
+            min=1,
+            help="Distinct rows the single-row updates cycle over. The worker writes only the newest "
+            "change of a key in a batch: --rows equal to --changes measures it with nothing superseded.",
+        ),
     ] = 1000,
     rates: Annotated[
         str | None,
