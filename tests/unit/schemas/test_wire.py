@@ -4,6 +4,7 @@ same event, or the same refusal with the same reason)."""
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from typing import Any
@@ -72,7 +73,10 @@ _VALUE = st.recursive(
 _ODD = st.sampled_from(
     [-1, 0, 1, 2**32 - 1, 2**32, 2**63 - 1, 2**63, MAX_U64, MAX_U64 + 1, 2**100, 1.5, True, False, None,
      "", "x", "y" * 600, [], {}, {"id": 1}]
-)  # fmt: skip
+).map(copy.deepcopy)  # fmt: skip
+# A copy per draw: sampled_from hands out the same list and dicts every time, and a message that set one
+# as an image and then its key column to the same dict made it contain itself (json.dumps: "Circular
+# reference detected"), and changed the samples of every later example.
 
 
 @st.composite
