@@ -1,4 +1,4 @@
-"""The change topic's messages on their way from the worker's fetch loop (:mod:`pipeline.faust_app`) to the
+"""The change topic's messages on their way from the worker's fetch loop (:mod:`pipeline.consumer`) to the
 change agent (:mod:`pipeline.agents.changes`), in batches of a fetch's worth."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The change topic's intake (``pipeline.faust_app.Intake``) without a broker: batches as full as the
+"""The change topic's intake (``pipeline.intake.Intake``) without a broker: batches as full as the
 fetches that filled them, order kept, room for the fetch loop, and nothing left after a clear."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The worker's consumer across a rebalance (``pipeline.faust_app._Consumer``): what it records as read and
+"""The worker's consumer across a rebalance (``pipeline.consumer.Consumer``): what it records as read and
 as committed stays the new generation's, so the group's committed offset follows what was applied.
 
 Both cases end as a partition whose committed offset stays behind what its worker applied and
