@@ -63,6 +63,11 @@ waiting for it (``topic.metadata.propagation.max.ms``, 30 s by default). Only a 
 or a deleted topic gets there (the connector creates its topics before it produces): the session ends,
 and the next one recreates the change topic and fences. Measured against Tansu restarted empty: the
 waiting event failed 31.5 s after the broker came back with the default."""
+TOPIC_CHECK_EVERY_S = 2.0
+"""While events have waited :data:`TOPIC_GONE_AFTER_S` without any acknowledgement, the delivery thread
+asks the broker this often whether the topics they wait for still exist, rather than trust librdkafka to
+notice: a connector once kept an event for more than 25 s after the broker came back empty (the session
+ended only at the delivery timeout, every change since stale with nothing fenced)."""
 _TOPIC_GONE = frozenset(
     {KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC, KafkaError.UNKNOWN_TOPIC_OR_PART}
 )
@@ -136,6 +141,8 @@ class ChangeProducer:
         self._failure: ConnectorError | None = None
         self._last_error = ""
         self._progress_at = time.monotonic()  # last acknowledgement, or when events started to wait
+        self._topics: set[str] = set()  # every topic this producer sent to
+        self._topics_checked_at = 0.0
         self._ends: dict[tuple[str, int], int] = {}
         self._acked: dict[tuple[str, int], AckedOffsets] = {}
         self._floors = dict(acknowledged or {})
@@ -151,6 +158,7 @@ class ChangeProducer:
     # -- background ---------------------------------------------------------------------------------------
     def _poll_loop(self) -> None:
         while not self._stop.is_set():
+            self._check_topics()
             wait = self._served_at + SERVE_HANDOVER_S - time.monotonic()
             if wait > 0:  # the caller's thread serves the reports: leave them to it
                 self._stop.wait(wait)
@@ -163,6 +171,38 @@ class ChangeProducer:
         except KafkaException as exc:  # a fatal error is raised from poll() as well
             self._fail(DeliveryError(f"the Kafka producer failed: {exc.args[0] if exc.args else exc}"))
             self._stop.wait(0.05)
+
+    def _check_topics(self) -> None:
+        """Events waited :data:`TOPIC_GONE_AFTER_S` with no acknowledgement: ask the broker (every
+        :data:`TOPIC_CHECK_EVERY_S`) whether the topics they wait for are still there, and end the session
+        when one is gone, whatever librdkafka made of it. A broker that does not answer is left to
+        :data:`UNREACHABLE_AFTER_S`; one that answers and has the topics, to the delivery timeout."""
+        now = time.monotonic()
+        if (
+            self._failure is not None
+            or now - self._progress_at < TOPIC_GONE_AFTER_S
+            or now - self._topics_checked_at < TOPIC_CHECK_EVERY_S
+            or len(self._producer) == 0
+        ):
+            return
+        self._topics_checked_at = now
+        for topic in sorted(self._topics):
+            try:  # allow.auto.create.topics is off: asking does not create it
+                found = self._producer.list_topics(topic=topic, timeout=TOPIC_CHECK_EVERY_S).topics.get(topic)
+            except KafkaException as exc:
+                log.debug("metadata of %r while events wait: %r", topic, exc)
+                return
+            error = found.error if found is not None else None
+            if found is None or (error is not None and error.code() in _TOPIC_GONE):
+                why = error.str() if error is not None else "not in the broker's metadata"
+                self._fail(self._topic_gone(topic, f"{why}; events waited {now - self._progress_at:.1f} s"))
+                return
+
+    def _topic_gone(self, topic: str, detail: str) -> DeliveryError:
+        return DeliveryError(
+            f"Kafka at {self._bootstrap} no longer has topic {topic!r} (a broker that lost its data, "
+            f"or a deleted topic; {detail}): the next session recreates it and fences"
+        )
 
     def _fail(self, failure: ConnectorError) -> None:
         if self._failure is None:  # the first failure is the cause; the rest follow from it
@@ -257,12 +297,7 @@ class ChangeProducer:
         if code in KAFKA_CONFIGURATION_CODES:
             self._fail(ConfigurationError(f"Kafka refused an event for {topic!r}: {err.str()}"))
         elif code in _TOPIC_GONE:
-            self._fail(
-                DeliveryError(
-                    f"Kafka at {self._bootstrap} no longer has topic {topic!r} (a broker that lost its data, "
-                    f"or a deleted topic; {err.str()}): the next session recreates it and fences"
-                )
-            )
+            self._fail(self._topic_gone(topic, err.str()))
         else:
             self._fail(DeliveryError(f"Kafka did not accept an event for {topic!r}: {err.str()}"))
 
@@ -290,6 +325,8 @@ class ChangeProducer:
         """Queue a message (to the partition of its key, or to ``partition``). Too large for librdkafka:
         ``on_too_large()`` at once (when given)."""
         callback = self._delivered(topic, len(key) + len(value), on_delivered, on_too_large)
+        if topic not in self._topics:
+            self._topics.add(topic)
         if len(self._producer) == 0:
             self._progress_at = time.monotonic()  # nothing was waiting: the wait starts now
         while True:

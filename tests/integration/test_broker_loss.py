@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +25,10 @@ import pytest
 from aiokafka import client as aiokafka_client
 from confluent_kafka.admin import AdminClient
 
+from connectors.exceptions import ConnectorError
+from connectors.kafka import producer as producer_module
+from connectors.kafka.producer import ChangeProducer
+from connectors.settings import KafkaSettings
 from pipeline.agents.broker_topics import forbid_topic_auto_creation
 from pipeline.embedded import LocalKafka
 from tests.support.pipeline import Pipeline
@@ -133,7 +138,9 @@ def test_an_event_waiting_when_the_broker_comes_back_empty_ends_the_session_with
     change topic. librdkafka waits ``topic.metadata.propagation.max.ms`` for a topic it no longer finds
     before it fails the event: 30 s by default, during which the caches of every change since stay
     stale with nothing fenced. The connector sets 5 s (``TOPIC_GONE_AFTER_S``): the session ends, the next
-    recreates the topic and fences.
+    recreates the topic and fences. Since a run of the whole suite in which the event still waited after
+    25 s (librdkafka did not fail it; not reproduced alone or under load), the producer also asks the
+    broker itself once events waited that long (``ChangeProducer._check_topics``, next test).
 
     Negative control: with ``TOPIC_GONE_AFTER_S = 30.0`` (librdkafka's default) this test fails: no fence
     within 25 s (run here). With 5 s the fence came 2.2 s after the broker was back. Standalone (one
@@ -162,3 +169,50 @@ def test_an_event_waiting_when_the_broker_comes_back_empty_ends_the_session_with
         assert p.starts == {"connector": 1, "worker": 1}
     finally:
         p.close()
+
+
+def _fail_waiting_event(bootstrap: str, monkeypatch: pytest.MonkeyPatch, *, check: bool) -> tuple[float, str]:
+    """Produce one event to a topic the broker does not have; how long until the session fails, and why."""
+    producer = ChangeProducer(KafkaSettings(bootstrap=bootstrap), linger_ms=0, delivery_timeout_s=30)
+    with monkeypatch.context() as patch:
+        patch.setattr(producer_module, "TOPIC_GONE_AFTER_S", 0.5)
+        patch.setattr(producer_module, "TOPIC_CHECK_EVERY_S", 0.2)
+        if not check:
+            patch.setattr(producer, "_check_topics", lambda: None)
+        topic = f"gone-{uuid.uuid4().hex[:8]}"  # never created; asking for it must not create it
+        try:
+            acked: list[int] = []
+            started = time.monotonic()
+            producer.produce(topic, b"k", b"v", lambda: acked.append(1))
+            why = ""
+            while not why and time.monotonic() - started < 10:
+                try:
+                    producer.raise_if_failed()
+                except ConnectorError as exc:
+                    why = str(exc)
+                time.sleep(0.05)
+            took = time.monotonic() - started
+            assert why, f"no failure in 10 s for an event waiting for {topic!r}"
+            assert not acked
+            assert f"no longer has topic {topic!r}" in why
+            assert topic not in partitions(bootstrap)
+            return took, why
+        finally:
+            producer.close(0.5, purge=True)
+
+
+def test_events_waiting_for_a_missing_topic_end_the_session_once_the_broker_says_so(
+    kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The producer's own check, apart from librdkafka's: once events have waited ``TOPIC_GONE_AFTER_S``
+    without an acknowledgement, the delivery thread asks the broker for the topic and fails the session
+    when it is gone. Here that wait is lowered to 0.5 s after librdkafka was configured with the real one
+    (5 s): the check fails the event within about a second. Negative control, in the test: the same
+    producer with the check switched off fails only when librdkafka gives up (5 s), past the bound."""
+    took, why = _fail_waiting_event(kafka_bootstrap, monkeypatch, check=True)
+    alone, why_alone = _fail_waiting_event(kafka_bootstrap, monkeypatch, check=False)
+    print(f"\nwith the check: failed after {took:.1f} s ({why})")
+    print(f"librdkafka alone: {alone:.1f} s ({why_alone})")
+    assert "events waited" in why  # said by the check
+    assert took < 3.0, f"the event waited {took:.1f} s for a topic the broker does not have"
+    assert alone >= 3.0 and "events waited" not in why_alone, "the control does not need the check"
