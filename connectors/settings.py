@@ -31,11 +31,18 @@ def _readable(setting: str, path: Path | None) -> None:
         raise ValueError(f"{setting}={path}: {exc.strerror or exc}; set it to a readable PEM file") from None
 
 
-LINGER_MS = 10.0
+LINGER_MS = 25.0
 """How long librdkafka waits to fill a batch (``linger.ms``) while the connector reads a backlog; when it
-has read everything there is, :meth:`ChangeProducer.push` sends at once. Measured with ``freshkey bench
-pipeline`` on one 2-core machine (issue 9): 10 against 2 ms took the end-to-end drain of single-row
-transactions from 4.5-4.8k to 5.9-6.0k changes/s and the broker's CPU per change from 111-119 to 43-51 µs."""
+has read everything there is, :meth:`ChangeProducer.push` sends at once. Measured on one 2-core machine
+(issue 9): 10 against 2 ms took the end-to-end drain of single-row transactions from 4.5-4.8k to 5.9-6.0k
+changes/s and the broker's CPU per change from 111-119 to 43-51 µs. Under a sustained load (``freshkey
+bench sysbench --time 40``, oltp_write_only unthrottled, the connector one core behind) 25 against 10 ms
+took the catch-up from 7.8-8.1k to 9.3k changes/s and the broker's CPU per change from 75-78 to 45 µs
+(50 ms: 9.5-9.7k and 26 µs, 100 ms: 9.3k and 18 µs); short backlogs (``freshkey bench pipeline --only
+single,multi,connector,e2e --changes 20000``, six runs each, alternating) were no slower at 25 ms (end to
+end 7,585 -> 7,856 single-row, 27,498 -> 28,904 multi-row changes/s) but were at 50 ms (the connector
+alone on 1,000-row INSERTs 36k -> 28-31k rows/s). Lag at 1,000 and 2,000 changes/s did not move with
+it (pushed)."""
 
 
 class MySQLSettings(BaseSettings):
