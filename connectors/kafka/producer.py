@@ -67,7 +67,11 @@ TOPIC_CHECK_EVERY_S = 2.0
 """While events have waited :data:`TOPIC_GONE_AFTER_S` without any acknowledgement, the delivery thread
 asks the broker this often whether the topics they wait for still exist, rather than trust librdkafka to
 notice: a connector once kept an event for more than 25 s after the broker came back empty (the session
-ended only at the delivery timeout, every change since stale with nothing fenced)."""
+ended only at the delivery timeout, every change since stale with nothing fenced). Counted from the end
+of the last check, so that a broker slow to answer (each topic's request waits at most
+:data:`TOPIC_CHECK_TIMEOUT_S`) leaves the delivery thread time to serve reports and client errors."""
+TOPIC_CHECK_TIMEOUT_S = 1.0
+"""Longest one metadata request of that check waits; no answer leaves it to the next check."""
 _TOPIC_GONE = frozenset(
     {KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC, KafkaError.UNKNOWN_TOPIC_OR_PART}
 )
@@ -185,18 +189,29 @@ class ChangeProducer:
             or len(self._producer) == 0
         ):
             return
-        self._topics_checked_at = now
+        try:
+            gone = self._gone_topic()
+        finally:
+            self._topics_checked_at = time.monotonic()
+        if gone is not None:
+            topic, why = gone
+            self._fail(self._topic_gone(topic, f"{why}; events waited {now - self._progress_at:.1f} s"))
+
+    def _gone_topic(self) -> tuple[str, str] | None:
+        """The first topic this producer sent to that the broker says it does not have, and its answer;
+        None when it has them all or did not answer."""
         for topic in sorted(self._topics):
             try:  # allow.auto.create.topics is off: asking does not create it
-                found = self._producer.list_topics(topic=topic, timeout=TOPIC_CHECK_EVERY_S).topics.get(topic)
+                metadata = self._producer.list_topics(topic=topic, timeout=TOPIC_CHECK_TIMEOUT_S)
             except KafkaException as exc:
                 log.debug("metadata of %r while events wait: %r", topic, exc)
-                return
-            error = found.error if found is not None else None
-            if found is None or (error is not None and error.code() in _TOPIC_GONE):
-                why = error.str() if error is not None else "not in the broker's metadata"
-                self._fail(self._topic_gone(topic, f"{why}; events waited {now - self._progress_at:.1f} s"))
-                return
+                return None
+            found = metadata.topics.get(topic)
+            if found is None:
+                return topic, "not in the broker's metadata"
+            if found.error is not None and found.error.code() in _TOPIC_GONE:
+                return topic, found.error.str()
+        return None
 
     def _topic_gone(self, topic: str, detail: str) -> DeliveryError:
         return DeliveryError(

@@ -234,3 +234,23 @@ def test_an_offset_below_the_ends_of_earlier_sessions_fails_the_session() -> Non
             made.raise_if_failed()
     finally:
         made.close(0.1, purge=True)
+
+
+def test_the_topic_check_against_a_broker_that_does_not_answer_fails_nothing_and_waits_its_turn(
+    producer: ChangeProducer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No broker at all (127.0.0.1:1): the check's metadata request gives up after
+    TOPIC_CHECK_TIMEOUT_S, fails nothing (an unreachable broker is UNREACHABLE_AFTER_S's), and the next
+    check waits TOPIC_CHECK_EVERY_S from the end of this one, so the delivery thread is not held."""
+    monkeypatch.setattr(producer_module, "TOPIC_GONE_AFTER_S", 0.0)
+    monkeypatch.setattr(producer_module, "TOPIC_CHECK_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(producer_module, "TOPIC_CHECK_EVERY_S", 60.0)  # the background thread checks once
+    producer._topics_checked_at = time.monotonic() + 60  # not before the call below
+    producer.produce("t", b"k", b"v", lambda: None)
+    producer._topics_checked_at = -60.0
+    started = time.monotonic()
+    producer._check_topics()
+    took = time.monotonic() - started
+    producer.raise_if_failed()  # nothing kept
+    assert took < 1.5, f"one topic's check took {took:.2f} s"
+    assert producer._topics_checked_at >= started + 0.25, "counted from the end of the check"
