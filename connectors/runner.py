@@ -44,7 +44,8 @@ from connectors.exceptions import (
     retry_cause,
 )
 from connectors.gc_tuning import connector_gc
-from connectors.kafka.producer import ChangeProducer, MessageLimit
+from connectors.kafka.limit import MessageLimit
+from connectors.kafka.producer import ChangeProducer
 from connectors.kafka.topics import prepare_topics
 from connectors.metrics import CONNECTOR_METRICS, ConnectorMetrics, ConnectorStats
 from connectors.resume import OnGap, ResumeGuard

@@ -26,7 +26,8 @@ from typing import Protocol
 from connectors.checkpoint import CheckpointTracker
 from connectors.encoding import MessageKeys, encode_change
 from connectors.exceptions import ConfigurationError
-from connectors.kafka.producer import MessageLimit, OnDelivered, OnTooLarge
+from connectors.kafka.limit import MessageLimit
+from connectors.kafka.producer import OnDelivered, OnTooLarge
 from connectors.metrics import ConnectorMetrics, ConnectorStats
 from connectors.registry import RegistryRowError, update_from_row
 from connectors.settings import KafkaSettings

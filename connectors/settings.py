@@ -41,8 +41,12 @@ took the catch-up from 7.8-8.1k to 9.3k changes/s and the broker's CPU per chang
 (50 ms: 9.5-9.7k and 26 µs, 100 ms: 9.3k and 18 µs); short backlogs (``freshkey bench pipeline --only
 single,multi,connector,e2e --changes 20000``, six runs each, alternating) were no slower at 25 ms (end to
 end 7,585 -> 7,856 single-row, 27,498 -> 28,904 multi-row changes/s) but were at 50 ms (the connector
-alone on 1,000-row INSERTs 36k -> 28-31k rows/s). Lag at 1,000 and 2,000 changes/s did not move with
-it (pushed)."""
+alone on 1,000-row INSERTs 36k -> 28-31k rows/s). Lag at 1,000 and 2,000 changes/s (``--only
+single,rates --rates 1000,2000 --rate-seconds 10``, p50/p99 ms, one run each; every change is pushed
+there): 15.2/58.3 and 21.5/75.6 at 10 ms, 15.2/53.5 and 22.5/72.4 at 50, 16.6/60.9 and 23.5/69.3 at 25
+(the broker alone 6.3/34.5 in that last run against 5.8/29.1 before: a busier machine). Alternating
+runs of ``freshkey bench sysbench --time 30`` at 10, 25, 10, 25 ms: catch-up 6.2k and 6.9k against 7.8k
+and 8.1k changes/s, broker 92 and 83 against 49 and 44 µs per change."""
 
 
 class MySQLSettings(BaseSettings):

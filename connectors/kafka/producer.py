@@ -34,17 +34,15 @@ from connectors.exceptions import (
 )
 from connectors.kafka.acks import AckedOffsets
 from connectors.kafka.librdkafka import LIBRDKAFKA_LOGGER
+from connectors.kafka.limit import MessageLimit
 from connectors.kafka.security import librdkafka_config
+from connectors.kafka.topic_check import TOPIC_GONE_AFTER_S, TOPIC_GONE_CODES, TopicCheck
 from connectors.settings import LINGER_MS, KafkaSettings
 
 log = logging.getLogger(__name__)
 
 OnDelivered = Callable[[], None]
 OnTooLarge = Callable[[], None]
-
-RECORD_OVERHEAD_BYTES = 1024
-"""Room kept under ``message.max.bytes`` for the record and batch headers around key and value
-(librdkafka counts some of them: measured here, key + value + about 90 bytes)."""
 
 _PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
 _UNREACHABLE = frozenset({KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN})
@@ -57,53 +55,6 @@ PUSH_WAIT_S = 0.001
 UNREACHABLE_AFTER_S = 5.0
 """Events waiting this long without any acknowledgement while librdkafka reports the brokers
 unreachable end the session (rather than waiting for the delivery timeout)."""
-TOPIC_GONE_AFTER_S = 5.0
-"""How long librdkafka goes on waiting for a topic the broker no longer has before it fails the events
-waiting for it (``topic.metadata.propagation.max.ms``, 30 s by default). Only a broker that lost its data
-or a deleted topic gets there (the connector creates its topics before it produces): the session ends,
-and the next one recreates the change topic and fences. Measured against Tansu restarted empty: the
-waiting event failed 31.5 s after the broker came back with the default."""
-TOPIC_CHECK_EVERY_S = 2.0
-"""While events have waited :data:`TOPIC_GONE_AFTER_S` without any acknowledgement, the delivery thread
-asks the broker this often whether the topics they wait for still exist, rather than trust librdkafka to
-notice: a connector once kept an event for more than 25 s after the broker came back empty (the session
-ended only at the delivery timeout, every change since stale with nothing fenced). Counted from the end
-of the last check, so that a broker slow to answer (each topic's request waits at most
-:data:`TOPIC_CHECK_TIMEOUT_S`) leaves the delivery thread time to serve reports and client errors."""
-TOPIC_CHECK_TIMEOUT_S = 1.0
-"""Longest one metadata request of that check waits; no answer leaves it to the next check."""
-_TOPIC_GONE = frozenset(
-    {KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC, KafkaError.UNKNOWN_TOPIC_OR_PART}
-)
-
-
-class MessageLimit:
-    """The largest key + value freshkey sends: FRESHKEY_KAFKA_MAX_MESSAGE_BYTES less room for headers,
-    lowered below the smallest message a broker refused as too large (a broker or topic whose limit is
-    under ours), so that a replay after a restart does not send that message again. Thread-safe."""
-
-    def __init__(self, max_message_bytes: int) -> None:
-        self._lock = threading.Lock()
-        self.configured = max_message_bytes
-        self._limit = max_message_bytes - RECORD_OVERHEAD_BYTES
-
-    @property
-    def max_bytes(self) -> int:
-        return self._limit  # an int read is atomic; it only goes down, under the lock
-
-    def fits(self, key: bytes, value: bytes) -> bool:
-        """True when a message with this key and value is under the limit."""
-        return len(key) + len(value) <= self.max_bytes
-
-    def refused(self, size: int) -> bool:
-        """A broker refused a message of ``size`` bytes (key + value); True when the limit went down."""
-        with self._lock:
-            if size - 1 < self._limit:
-                self._limit = max(0, size - 1)
-                return True
-            return False
-
-
 _BY_KEY = -1
 """librdkafka's RD_KAFKA_PARTITION_UA (``produce``'s default): the partitioner picks by the key."""
 
@@ -145,8 +96,7 @@ class ChangeProducer:
         self._failure: ConnectorError | None = None
         self._last_error = ""
         self._progress_at = time.monotonic()  # last acknowledgement, or when events started to wait
-        self._topics: set[str] = set()  # every topic this producer sent to
-        self._topics_checked_at = 0.0
+        self._topic_check = TopicCheck()
         self._ends: dict[tuple[str, int], int] = {}
         self._acked: dict[tuple[str, int], AckedOffsets] = {}
         self._floors = dict(acknowledged or {})
@@ -177,41 +127,22 @@ class ChangeProducer:
             self._stop.wait(0.05)
 
     def _check_topics(self) -> None:
-        """Events waited :data:`TOPIC_GONE_AFTER_S` with no acknowledgement: ask the broker (every
-        :data:`TOPIC_CHECK_EVERY_S`) whether the topics they wait for are still there, and end the session
-        when one is gone, whatever librdkafka made of it. A broker that does not answer is left to
-        :data:`UNREACHABLE_AFTER_S`; one that answers and has the topics, to the delivery timeout."""
+        """Events waited with no acknowledgement: end the session when the broker says a topic they wait
+        for is gone (:mod:`connectors.kafka.topic_check`). A broker that does not answer is left to
+        :data:`UNREACHABLE_AFTER_S`; one that has the topics, to the delivery timeout."""
         now = time.monotonic()
-        if (
-            self._failure is not None
-            or now - self._progress_at < TOPIC_GONE_AFTER_S
-            or now - self._topics_checked_at < TOPIC_CHECK_EVERY_S
-            or len(self._producer) == 0
-        ):
+        if self._failure is not None or not self._topic_check.due(now, self._progress_at):
+            return
+        if len(self._producer) == 0:
             return
         try:
-            gone = self._gone_topic()
-        finally:
-            self._topics_checked_at = time.monotonic()
+            gone = self._topic_check.gone(self._producer)
+        except Exception:  # the check must not end the thread that serves the delivery reports
+            log.warning("checking whether the topics events wait for still exist failed", exc_info=True)
+            return
         if gone is not None:
             topic, why = gone
             self._fail(self._topic_gone(topic, f"{why}; events waited {now - self._progress_at:.1f} s"))
-
-    def _gone_topic(self) -> tuple[str, str] | None:
-        """The first topic this producer sent to that the broker says it does not have, and its answer;
-        None when it has them all or did not answer."""
-        for topic in sorted(self._topics):
-            try:  # allow.auto.create.topics is off: asking does not create it
-                metadata = self._producer.list_topics(topic=topic, timeout=TOPIC_CHECK_TIMEOUT_S)
-            except KafkaException as exc:
-                log.debug("metadata of %r while events wait: %r", topic, exc)
-                return None
-            found = metadata.topics.get(topic)
-            if found is None:
-                return topic, "not in the broker's metadata"
-            if found.error is not None and found.error.code() in _TOPIC_GONE:
-                return topic, found.error.str()
-        return None
 
     def _topic_gone(self, topic: str, detail: str) -> DeliveryError:
         return DeliveryError(
@@ -311,7 +242,7 @@ class ChangeProducer:
                 return
         if code in KAFKA_CONFIGURATION_CODES:
             self._fail(ConfigurationError(f"Kafka refused an event for {topic!r}: {err.str()}"))
-        elif code in _TOPIC_GONE:
+        elif code in TOPIC_GONE_CODES:
             self._fail(self._topic_gone(topic, err.str()))
         else:
             self._fail(DeliveryError(f"Kafka did not accept an event for {topic!r}: {err.str()}"))
@@ -340,8 +271,7 @@ class ChangeProducer:
         """Queue a message (to the partition of its key, or to ``partition``). Too large for librdkafka:
         ``on_too_large()`` at once (when given)."""
         callback = self._delivered(topic, len(key) + len(value), on_delivered, on_too_large)
-        if topic not in self._topics:
-            self._topics.add(topic)
+        self._topic_check.sent(topic)
         if len(self._producer) == 0:
             self._progress_at = time.monotonic()  # nothing was waiting: the wait starts now
         while True:

@@ -82,7 +82,8 @@ from pymysql.constants import CLIENT
 from connectors import gc_tuning, runner
 from connectors.binlog.source import BinlogSource, Boundary
 from connectors.checkpoint import BinlogPosition, CheckpointTracker
-from connectors.kafka.producer import ChangeProducer, MessageLimit
+from connectors.kafka.limit import MessageLimit
+from connectors.kafka.producer import ChangeProducer
 from connectors.kafka.topics import prepare_topics
 from connectors.metrics import CONNECTOR_METRICS, ConnectorStats
 from connectors.sending import Item, Sender

@@ -26,7 +26,7 @@ from aiokafka import client as aiokafka_client
 from confluent_kafka.admin import AdminClient
 
 from connectors.exceptions import ConnectorError
-from connectors.kafka import producer as producer_module
+from connectors.kafka import topic_check
 from connectors.kafka.producer import ChangeProducer
 from connectors.settings import KafkaSettings
 from pipeline.agents.broker_topics import forbid_topic_auto_creation
@@ -175,8 +175,8 @@ def _fail_waiting_event(bootstrap: str, monkeypatch: pytest.MonkeyPatch, *, chec
     """Produce one event to a topic the broker does not have; how long until the session fails, and why."""
     producer = ChangeProducer(KafkaSettings(bootstrap=bootstrap), linger_ms=0, delivery_timeout_s=30)
     with monkeypatch.context() as patch:
-        patch.setattr(producer_module, "TOPIC_GONE_AFTER_S", 0.5)
-        patch.setattr(producer_module, "TOPIC_CHECK_EVERY_S", 0.2)
+        patch.setattr(topic_check, "TOPIC_GONE_AFTER_S", 0.5)
+        patch.setattr(topic_check, "TOPIC_CHECK_EVERY_S", 0.2)
         if not check:
             patch.setattr(producer, "_check_topics", lambda: None)
         topic = f"gone-{uuid.uuid4().hex[:8]}"  # never created; asking for it must not create it

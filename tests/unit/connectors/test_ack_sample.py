@@ -9,7 +9,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader
 
 from connectors.checkpoint import BinlogPosition, CheckpointTracker
-from connectors.kafka.producer import MessageLimit
+from connectors.kafka.limit import MessageLimit
 from connectors.metrics import ConnectorMetrics, ConnectorStats
 from connectors.sending import ACK_LATENCY_SAMPLE, Sender
 from connectors.settings import KafkaSettings

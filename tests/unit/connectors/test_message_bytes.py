@@ -18,7 +18,7 @@ from typing import Any
 
 from connectors.binlog.translate import EventOrigin, RowsEvent, RowsKind, translate_rows
 from connectors.checkpoint import BinlogPosition, CheckpointTracker
-from connectors.kafka.producer import MessageLimit
+from connectors.kafka.limit import MessageLimit
 from connectors.metrics import CONNECTOR_METRICS, ConnectorStats
 from connectors.sending import Sender
 from connectors.settings import KafkaSettings

@@ -12,7 +12,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from connectors.checkpoint import BinlogPosition, CheckpointTracker
 from connectors.exceptions import ConfigurationError
-from connectors.kafka.producer import MessageLimit
+from connectors.kafka.limit import MessageLimit
 from connectors.metrics import ConnectorMetrics, ConnectorStats
 from connectors.sending import DDL_QUERY_CHARS, Sender
 from connectors.settings import KafkaSettings

@@ -9,12 +9,15 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, Producer
 
 import connectors.kafka.producer as producer_module
 from connectors.exceptions import ConfigurationError, DeliveryError
+from connectors.kafka import topic_check
 from connectors.kafka.acks import MAX_SPANS, AckedOffsets
-from connectors.kafka.producer import RECORD_OVERHEAD_BYTES, ChangeProducer, MessageLimit
+from connectors.kafka.limit import RECORD_OVERHEAD_BYTES, MessageLimit
+from connectors.kafka.producer import ChangeProducer
+from connectors.kafka.topic_check import TOPIC_GONE_AFTER_S, TopicCheck
 from connectors.settings import KafkaSettings
 
 LIMIT = 100_000
@@ -236,21 +239,31 @@ def test_an_offset_below_the_ends_of_earlier_sessions_fails_the_session() -> Non
         made.close(0.1, purge=True)
 
 
-def test_the_topic_check_against_a_broker_that_does_not_answer_fails_nothing_and_waits_its_turn(
-    producer: ChangeProducer, monkeypatch: pytest.MonkeyPatch
+def test_the_topic_check_is_due_once_events_waited_and_the_last_check_ended_long_enough_ago() -> None:
+    check = TopicCheck()
+    now = time.monotonic()
+    assert not check.due(now, waiting_since=now - TOPIC_GONE_AFTER_S + 0.1), "events have not waited yet"
+    assert check.due(now, waiting_since=now - TOPIC_GONE_AFTER_S)
+
+
+def test_the_topic_check_against_a_broker_that_does_not_answer_finds_nothing_and_waits_its_turn(
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """No broker at all (127.0.0.1:1): the check's metadata request gives up after
-    TOPIC_CHECK_TIMEOUT_S, fails nothing (an unreachable broker is UNREACHABLE_AFTER_S's), and the next
-    check waits TOPIC_CHECK_EVERY_S from the end of this one, so the delivery thread is not held."""
-    monkeypatch.setattr(producer_module, "TOPIC_GONE_AFTER_S", 0.0)
-    monkeypatch.setattr(producer_module, "TOPIC_CHECK_TIMEOUT_S", 0.3)
-    monkeypatch.setattr(producer_module, "TOPIC_CHECK_EVERY_S", 60.0)  # the background thread checks once
-    producer._topics_checked_at = time.monotonic() + 60  # not before the call below
-    producer.produce("t", b"k", b"v", lambda: None)
-    producer._topics_checked_at = -60.0
+    """No broker at all (127.0.0.1:1): the metadata request gives up after TOPIC_CHECK_TIMEOUT_S, nothing
+    is reported gone (an unreachable broker is the producer's UNREACHABLE_AFTER_S), and the next check is
+    due TOPIC_CHECK_EVERY_S after the end of this one, so the delivery thread is not held by checks back
+    to back (with the start as reference, a check as long as the interval is due again at once)."""
+    monkeypatch.setattr(topic_check, "TOPIC_CHECK_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(topic_check, "TOPIC_CHECK_EVERY_S", 0.5)
+    quiet = {"allow.auto.create.topics": False, "log_level": 0}
+    client = Producer({"bootstrap.servers": KAFKA.bootstrap, **quiet})
+    check = TopicCheck()
+    check.sent("t")
+    check.sent("t")
     started = time.monotonic()
-    producer._check_topics()
-    took = time.monotonic() - started
-    producer.raise_if_failed()  # nothing kept
-    assert took < 1.5, f"one topic's check took {took:.2f} s"
-    assert producer._topics_checked_at >= started + 0.25, "counted from the end of the check"
+    assert check.gone(client) is None
+    ended = time.monotonic()
+    assert ended - started < 2.0, f"one topic's check took {ended - started:.2f} s"
+    assert ended - started >= 0.4, "the broker cannot have answered"
+    assert not check.due(ended, waiting_since=0.0), "counted from the end of the check"
+    assert check.due(ended + 0.5, waiting_since=0.0)
