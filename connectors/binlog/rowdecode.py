@@ -28,6 +28,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from connectors.binlog.lean import LeanRows
 from connectors.binlog.readers import Reader, Refused, column_reader
 from schemas.values import ColumnType, JsonValue, binlog_value_converter
 
@@ -90,7 +91,17 @@ class RowDecoder:
         end = start + (event.event_size - wrapper.read_bytes)
         if type(data) is not bytes or end > len(data):
             raise Refused("a packet in another form")
-        data = data[:end]
+        return self._rows(data[:end], start, end, update)
+
+    def rows_of(self, event: LeanRows) -> Decoded:
+        """The rows of a :class:`~connectors.binlog.lean.LeanRows` (the same checks as :meth:`decode`)."""
+        if event.number_of_columns != self._count:
+            raise Refused("another column count")
+        if event.present != self._full or event.present_after != self._full:
+            raise Refused("a partial row image")
+        return self._rows(event.data[: event.end], event.start, event.end, event.kind == "update")
+
+    def _rows(self, data: bytes, start: int, end: int, update: bool) -> Decoded:
         rows: Decoded = []
         pos = start
         image = self._image
@@ -131,10 +142,13 @@ def row_decoder(columns: Sequence[Any], types: Mapping[str, ColumnType]) -> RowD
 
 
 def decode_rows(decoder: RowDecoder | None, event: Any, update: bool) -> Decoded | None:
-    """``event``'s rows decoded by ``decoder``; None (nothing read) where pymysqlreplication must."""
+    """``event``'s rows decoded by ``decoder``; None (nothing read) where pymysqlreplication must.
+    ``event`` is pymysqlreplication's or a :class:`~connectors.binlog.lean.LeanRows`."""
     if decoder is None:
         return None
     try:
+        if type(event) is LeanRows:
+            return decoder.rows_of(event)
         return decoder.decode(event, update)
     except Exception as exc:  # any doubt: pymysqlreplication reads the event, as before
         table = f"{getattr(event, 'schema', '?')}.{getattr(event, 'table', '?')}"

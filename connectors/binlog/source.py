@@ -44,6 +44,7 @@ from pymysqlreplication.row_event import (
 )
 
 from connectors.binlog.ddl import mentioned_databases, statement_kind, translate_ddl
+from connectors.binlog.lean import LEAN_XID, LeanGtid, LeanReader, LeanRows
 from connectors.binlog.lost import (
     COMPRESSED_EVENTS,
     PartialJsonUpdate,
@@ -120,7 +121,9 @@ class BinlogSource:
     second while idle) for this long is taken as lost (pymysql then raises error 2013).
     ``checkpoint``: only named in the error raised when the server cannot serve ``start``.
     ``fast_rows``: decode rows straight from the events' bytes where their types allow
-    (:mod:`connectors.binlog.rowdecode`); False reads every row with pymysqlreplication.
+    (:mod:`connectors.binlog.rowdecode`), the events of plain transactions read without
+    pymysqlreplication's event objects (:mod:`connectors.binlog.lean`); False reads every event and row
+    with pymysqlreplication.
     """
 
     def __init__(
@@ -155,7 +158,7 @@ class BinlogSource:
         if self._read_timeout_s is not None:
             connection = {**settings, "read_timeout": max(1, round(self._read_timeout_s))}
         guard = TableMapGuard()
-        reader = BinLogStreamReader(
+        reader = (LeanReader if self._decode_rows else BinLogStreamReader)(
             connection_settings=connection,
             ctl_connection_settings=connection,
             server_id=self._settings.server_id,
@@ -211,12 +214,14 @@ class BinlogSource:
         for event in stream:
             # Rows events first, by exact type (what the reader makes): most events are rows events,
             # and an isinstance() with a union costs more than a set lookup.
-            if type(event) in _ROWS_EVENTS:
+            if type(event) is LeanRows or type(event) in _ROWS_EVENTS:
                 if (event.schema, event.table) not in self._tables:
                     continue
                 read_ms = _now_ms()
                 try:
-                    rows = self._rows_event(event, stream.log_file, gtid)
+                    rows = self._rows_event(event, stream, gtid)
+                    if rows is None:  # pymysqlreplication skips the event (LeanReader.full)
+                        continue
                     translated = translate_rows(
                         rows, version_source=self._version_source, first_ordinal=ordinal, read_ms=read_ms
                     )
@@ -231,6 +236,10 @@ class BinlogSource:
                 lost = rows_lost(rows, changes, read_ms=read_ms)  # rows that became dead letters
                 if lost is not None:
                     yield lost
+            elif type(event) is LeanGtid:
+                gtid, ordinal = event.gtid, 0
+            elif event is LEAN_XID:
+                yield Boundary(BinlogPosition(stream.log_file, stream.log_pos, gtid))
             elif type(event) is PartialUpdateRowsEvent:
                 if (event.schema, event.table) in self._tables:
                     yield from self._unreadable(event, stream.log_file, gtid, PartialJsonUpdate())
@@ -270,11 +279,18 @@ class BinlogSource:
     ) -> tuple[DeadLetter, FenceEvent]:
         """A rows event that cannot be read: a dead letter and the fence of its table (``lost``)."""
         origin = self._origin(event, file, gtid)
-        return unreadable_rows(
-            origin, str(event.schema), str(event.table), exc, event_bytes(event), read_ms=_now_ms()
-        )
+        raw = event.data if type(event) is LeanRows else event_bytes(event)
+        return unreadable_rows(origin, str(event.schema), str(event.table), exc, raw, read_ms=_now_ms())
 
     def _origin(self, event: Any, file: str, gtid: str | None) -> EventOrigin:
+        if type(event) is LeanRows:
+            return EventOrigin(
+                server_id=event.server_id,
+                file=file,
+                end_pos=event.log_pos,
+                timestamp_s=event.timestamp,
+                gtid=gtid,
+            )
         return EventOrigin(
             server_id=int(event.packet.server_id),
             file=file,
@@ -283,23 +299,32 @@ class BinlogSource:
             gtid=gtid,
         )
 
-    def _rows_event(self, event: Any, file: str, gtid: str | None) -> RowsEvent:
-        """The fields of a pymysqlreplication rows event that :func:`translate_rows` needs."""
-        kind: RowsKind = (
-            "update"
-            if isinstance(event, UpdateRowsEvent)
-            else "write"
-            if isinstance(event, WriteRowsEvent)
-            else "delete"
-        )
-        pk = event.primary_key
+    def _rows_event(self, event: Any, stream: BinLogStreamReader, gtid: str | None) -> RowsEvent | None:
+        """The fields of a rows event (pymysqlreplication's or a :class:`LeanRows`) that
+        :func:`translate_rows` needs; None where pymysqlreplication skips a lean one's packet."""
+        kind: RowsKind
+        if type(event) is LeanRows:
+            kind = event.kind  # type: ignore[assignment]  # one of the three (connectors.binlog.lean)
+            pk = event.table_map.primary_key
+        else:
+            kind = (
+                "update"
+                if isinstance(event, UpdateRowsEvent)
+                else "write"
+                if isinstance(event, WriteRowsEvent)
+                else "delete"
+            )
+            pk = event.primary_key
         table = self._table_map(event)
         converter = table.converter
         # Straight from the event's bytes where the table's column types allow (connectors.binlog.
         # rowdecode: the same images); else pymysqlreplication's rows, converted per image.
         rows = decode_rows(table.decoder, event, kind == "update")
         if rows is None:
-            rows = event.rows
+            full = stream.full(event) if isinstance(stream, LeanReader) and type(event) is LeanRows else event
+            if full is None:
+                return None
+            rows = full.rows
         else:
             converter = as_is
         return RowsEvent(
@@ -309,7 +334,7 @@ class BinlogSource:
             primary_key=(pk,) if isinstance(pk, str) and pk else tuple(pk or ()),
             rows=rows,
             column_types=table.types,
-            origin=self._origin(event, file, gtid),
+            origin=self._origin(event, stream.log_file, gtid),
             row_converter=converter,
         )
 

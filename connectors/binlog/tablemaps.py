@@ -113,7 +113,14 @@ class DumpConnection(Connection):
         self._checksum = False
         self._counting: _CountingReader | None = None
         self._consumed = 0
+        self._pushed: Any = None
         super().__init__(**kwargs)
+
+    def push_back(self, item: Any) -> None:
+        """The next :meth:`_read_packet` returns ``item`` (a packet already read, not yet looked at by
+        pymysqlreplication) or raises it (an exception its read raised): the way
+        :class:`~connectors.binlog.lean.LeanReader` hands pymysqlreplication what it does not read."""
+        self._pushed = item
 
     def query(self, sql: Any, unbuffered: bool = False) -> int:
         text = sql.decode(errors="replace") if isinstance(sql, bytes | bytearray) else str(sql)
@@ -154,7 +161,7 @@ class DumpConnection(Connection):
         is not "caught up": the next read raises it where the session handles it."""
         sock, counting = self._sock, self._counting
         rfile: Any = getattr(self, "_rfile", None)  # pymysql leaves it untyped
-        if sock is None or rfile is None:
+        if sock is None or rfile is None or self._pushed is not None:
             return False
         if counting is not None:
             if counting.filled > self._consumed:
@@ -180,6 +187,12 @@ class DumpConnection(Connection):
         return data
 
     def _read_packet(self, packet_type: Any = MysqlPacket) -> Any:
+        pushed = self._pushed
+        if pushed is not None:  # seen once already (the guard too)
+            self._pushed = None
+            if isinstance(pushed, BaseException):
+                raise pushed
+            return pushed
         packet = super()._read_packet(packet_type)
         if self._dumping:
             data: bytes = packet._data

@@ -92,7 +92,7 @@ class Packet:
 
 def connection(guard: TableMapGuard, *, checksum: bool, dumping: bool = True) -> DumpConnection:
     conn = DumpConnection.__new__(DumpConnection)  # no server: only the packet hook is exercised
-    conn._guard, conn._dumping, conn._checksum = guard, dumping, checksum
+    conn._guard, conn._dumping, conn._checksum, conn._pushed = guard, dumping, checksum, None
     return conn
 
 
