@@ -350,8 +350,10 @@ class ConnectorSettings(BaseSettings):
     fast_rows: bool = Field(
         True,
         description="Decode the rows of tables whose column types connectors/binlog/rowdecode covers "
-        "straight from the binlog's bytes: the same images as pymysqlreplication gives, for about half "
-        "the connector's CPU. false: every row is read by pymysqlreplication.",
+        "straight from the binlog's bytes (the same images as pymysqlreplication gives), and read the "
+        "events of plain transactions without pymysqlreplication's event objects (connectors/binlog/"
+        "lean): each cut the connector's CPU per change by about a third here. false: every event and "
+        "row is read by pymysqlreplication.",
     )
     mysql_read_timeout_s: float = Field(
         30.0,

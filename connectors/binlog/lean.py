@@ -11,7 +11,7 @@ reads each packet itself and looks at its header; for
 - a rows event (WRITE/UPDATE/DELETE_ROWS, v1 and v2) of a table in the reader's ``table_map``: a
   :class:`LeanRows` that holds the table, the header fields and where its rows lie in the packet, for
   :meth:`RowDecoder.rows_of <connectors.binlog.rowdecode.RowDecoder.rows_of>`;
-- an XID event: :data:`LEAN_XID`; MariaDB's GTID event: a :class:`LeanGtid`;
+- an XID event: :data:`LEAN_XID`; a GTID event (MariaDB's or MySQL's): a :class:`LeanGtid`;
 - a TABLE_MAP event of a table id the reader holds (``freeze_schema``: pymysqlreplication would skip
   it too; :class:`~connectors.binlog.tablemaps.TableMapGuard` has already dropped the id whose bytes
   changed) or a rows event of a table id it does not hold (an unbound table): nothing,
@@ -34,13 +34,15 @@ from typing import Any
 
 import pymysql
 from pymysqlreplication import BinLogStreamReader
-from pymysqlreplication.event import MariadbGtidEvent, XidEvent
+from pymysqlreplication.event import GtidEvent, MariadbGtidEvent, XidEvent
 from pymysqlreplication.packet import BinLogPacketWrapper
 from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
 from connectors.binlog.tablemaps import TABLE_MAP_EVENT, DumpConnection
 
 XID_EVENT = 16
+GTID_LOG_EVENT = 33
+"""MySQL's GTID event."""
 MARIADB_GTID_EVENT = 162
 _ROWS_KINDS: dict[int, str] = {
     23: "write",
@@ -104,7 +106,8 @@ class LeanRows:
 
 @dataclass(frozen=True, slots=True)
 class LeanGtid:
-    """MariaDB's GTID event: the transaction's ``domain-server-sequence``."""
+    """A GTID event: the transaction's GTID as pymysqlreplication spells it (MariaDB's
+    ``domain-server-sequence``, MySQL's ``uuid:number``)."""
 
     gtid: str
 
@@ -134,6 +137,7 @@ class LeanReader(BinLogStreamReader):
         self._lean_rows = {t: k for t, k in _ROWS_KINDS.items() if _ROWS_CLASSES[k] in allowed}
         self._lean_xid = XidEvent in allowed
         self._lean_gtid = MariadbGtidEvent in allowed
+        self._lean_mysql_gtid = GtidEvent in allowed
         self._freeze = bool(self._private("freeze_schema"))
         self._usable = not self.end_log_pos and not self.skip_to_timestamp
         self._usable = self._usable and not self._private("ignore_decode_errors")
@@ -196,6 +200,13 @@ class LeanReader(BinLogStreamReader):
             server_id = int.from_bytes(data[6:10], "little")
             self._moved(data)
             return LeanGtid(f"{domain}-{server_id}-{sequence}")
+        if event_type == GTID_LOG_EVENT and self._lean_mysql_gtid:
+            if len(data) < _HEADER + 25:
+                return None
+            sid = data[21:37].hex()  # after the commit flag
+            number = int.from_bytes(data[37:45], "little")
+            self._moved(data)
+            return LeanGtid(f"{sid[:8]}-{sid[8:12]}-{sid[12:16]}-{sid[16:20]}-{sid[20:]}:{number}")
         if (
             event_type == TABLE_MAP_EVENT
             and self._freeze

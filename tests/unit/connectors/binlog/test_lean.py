@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from pymysqlreplication.event import QueryEvent
+from pymysql.protocol import MysqlPacket
+from pymysqlreplication.event import GtidEvent, MariadbGtidEvent, QueryEvent
+from pymysqlreplication.packet import BinLogPacketWrapper
 from pymysqlreplication.row_event import WriteRowsEvent
 
 from connectors.binlog.lean import _SKIPPED, LEAN_XID, LeanGtid, LeanReader, LeanRows
@@ -139,3 +141,31 @@ def test_a_reader_asked_for_what_the_short_way_does_not_do_never_takes_it() -> N
     assert reader(skip_to_timestamp=5)._lean_ready() is None
     assert reader(ignore_decode_errors=True)._lean_ready() is None
     assert reader()._lean_ready() is None  # not connected
+
+
+class _Ctl:
+    charset = "utf8mb4"
+
+    def _get_dbms(self) -> str:
+        return "mysql"
+
+
+def upstream(p: Packet, event_class: Any) -> Any:
+    """pymysqlreplication's event of the same bytes."""
+    wrapper = BinLogPacketWrapper(
+        MysqlPacket(p._data, "utf8"), {}, _Ctl(), (8, 0, 36), False, {event_class}, None, None, None, None,
+        False, False, False, False, False,
+    )  # fmt: skip
+    return wrapper.event
+
+
+@pytest.mark.parametrize("number", [1, 23, 2**40 + 5, 2**63 - 1])
+def test_gtids_are_spelled_as_pymysqlreplication_spells_them(number: int) -> None:
+    lean = reader()
+    sid = bytes(range(0x3E, 0x4E))
+    mysql = packet(33, b"\0" + sid + number.to_bytes(8, "little") + b"\2" + bytes(16), log_pos=910)
+    assert lean._lean(mysql) == LeanGtid(upstream(mysql, GtidEvent).gtid)
+    assert lean.log_pos == 910
+    mariadb = packet(162, number.to_bytes(8, "little") + (3).to_bytes(4, "little") + b"\0" + bytes(6))
+    assert lean._lean(mariadb) == LeanGtid(upstream(mariadb, MariadbGtidEvent).gtid)
+    assert lean._lean(packet(33, b"\0" + sid)) is None  # cut short: pymysqlreplication's to read
