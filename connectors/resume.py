@@ -18,9 +18,10 @@ from collections.abc import Callable
 from connectors.binlog.positions import check_position, current_position
 from connectors.checkpoint import CheckpointError, CheckpointState, CheckpointStore
 from connectors.exceptions import BinlogGapError, ConfigurationError, ConnectorError, FenceError
+from connectors.kafka.settings import KafkaSettings
 from connectors.kafka.topics import TopicsReport, end_offsets, record_exists
 from connectors.metrics import ConnectorMetrics, ConnectorStats
-from connectors.settings import ConnectorSettings, KafkaSettings, MySQLSettings
+from connectors.settings import ConnectorSettings, MySQLSettings
 
 log = logging.getLogger(__name__)
 

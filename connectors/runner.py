@@ -46,11 +46,12 @@ from connectors.exceptions import (
 from connectors.gc_tuning import connector_gc
 from connectors.kafka.limit import MessageLimit
 from connectors.kafka.producer import ChangeProducer
+from connectors.kafka.settings import KafkaSettings
 from connectors.kafka.topics import prepare_topics
 from connectors.metrics import CONNECTOR_METRICS, ConnectorMetrics, ConnectorStats
 from connectors.resume import OnGap, ResumeGuard
 from connectors.sending import Sender
-from connectors.settings import ConnectorSettings, KafkaSettings, MySQLSettings
+from connectors.settings import ConnectorSettings, MySQLSettings
 from connectors.snapshot import SnapshotCoordinator, SnapshotTable
 from schemas import ChangeEvent, DeadLetter
 

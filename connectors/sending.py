@@ -28,9 +28,9 @@ from connectors.encoding import MessageKeys, encode_change
 from connectors.exceptions import ConfigurationError
 from connectors.kafka.limit import MessageLimit
 from connectors.kafka.producer import OnDelivered, OnTooLarge
+from connectors.kafka.settings import KafkaSettings
 from connectors.metrics import ConnectorMetrics, ConnectorStats
 from connectors.registry import RegistryRowError, update_from_row
-from connectors.settings import KafkaSettings
 from schemas import ChangeEvent, DdlEvent, DeadLetter, FenceEvent, encode
 from schemas.codec import dead_letter
 

@@ -19,6 +19,17 @@ _HOSTNAME_MISMATCH_CODES = frozenset({62, 64})  # X509_V_ERR_HOSTNAME_MISMATCH, 
 _EXPIRED_CODES = frozenset({9, 10})  # X509_V_ERR_CERT_NOT_YET_VALID, X509_V_ERR_CERT_HAS_EXPIRED
 
 
+def require_readable(setting: str, path: Path | None) -> None:
+    """ValueError naming ``setting`` when ``path`` is given but cannot be read (a typo, a missing mount)."""
+    if path is None:
+        return
+    try:
+        with path.open("rb"):
+            pass
+    except OSError as exc:
+        raise ValueError(f"{setting}={path}: {exc.strerror or exc}; set it to a readable PEM file") from None
+
+
 class TlsVerificationError(ConfigurationError):
     """The server's certificate did not verify (wrong CA, another host's certificate, expired)."""
 

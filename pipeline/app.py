@@ -21,8 +21,9 @@ import pymysql
 from cache_writer.retry import RetryPolicy
 from connectors.database import column_types, primary_key, table_columns
 from connectors.kafka.security import aiokafka_options, librdkafka_config
+from connectors.kafka.settings import KafkaSettings
 from connectors.kafka.topics import topic_names
-from connectors.settings import KafkaSettings, MySQLSettings
+from connectors.settings import MySQLSettings
 from pipeline.agents import broker_topics, changes, debezium_topics, hotness, models, sla
 from pipeline.config import AllSettings, SettingsError, debezium_options
 from pipeline.context import SignatureLog, Worker

@@ -13,7 +13,8 @@ from rich.logging import RichHandler
 
 from cache_writer.settings import L3Settings, RedisSettings
 from connectors.heartbeat import HeartbeatSettings
-from connectors.settings import ConnectorSettings, KafkaSettings, MySQLSettings
+from connectors.kafka.settings import KafkaSettings
+from connectors.settings import ConnectorSettings, MySQLSettings
 from pipeline.settings import (
     BindingSettings,
     DebeziumSettings,

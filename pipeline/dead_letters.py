@@ -16,7 +16,7 @@ from typing import Any
 from aiokafka.errors import MessageSizeTooLargeError, RecordTooLargeError
 
 from cache_writer.retry import RetryPolicy
-from connectors.settings import KafkaSettings
+from connectors.kafka.settings import KafkaSettings
 from pipeline.observe import Observers
 from schemas import encode
 from schemas.codec import DEAD_LETTER_KEY_BYTES, dead_letter

@@ -36,8 +36,8 @@ from connectors.kafka.acks import AckedOffsets
 from connectors.kafka.librdkafka import LIBRDKAFKA_LOGGER
 from connectors.kafka.limit import MessageLimit
 from connectors.kafka.security import librdkafka_config
+from connectors.kafka.settings import LINGER_MS, KafkaSettings
 from connectors.kafka.topic_check import TOPIC_GONE_AFTER_S, TOPIC_GONE_CODES, TopicCheck
-from connectors.settings import LINGER_MS, KafkaSettings
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 ``FRESHKEY_KAFKA_SECURITY_PROTOCOL`` (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL), ``_SASL_MECHANISM``
 (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512), ``_SASL_USERNAME``, ``_SASL_PASSWORD``, ``_SSL_CAFILE``,
 ``_SSL_CERTFILE``, ``_SSL_KEYFILE``, ``_SSL_KEY_PASSWORD`` and ``_SSL_CHECK_HOSTNAME``
-(:class:`~connectors.settings.KafkaSettings`) become:
+(:class:`~connectors.kafka.settings.KafkaSettings`) become:
 
 - :func:`librdkafka_config`: confluent-kafka's configuration (the connector's producer, every admin
   client, the worker's offset reader, ``freshkey model publish``);
@@ -28,7 +28,7 @@ from typing import Any
 from confluent_kafka import KafkaError
 
 from connectors.exceptions import ConfigurationError
-from connectors.settings import KafkaSettings
+from connectors.kafka.settings import KafkaSettings
 from connectors.tls import TlsVerificationError, client_context, explain_verification
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec  # type: ign
 from connectors.exceptions import ConfigurationError, ConnectorError, KafkaUnavailableError, retry_cause
 from connectors.kafka.librdkafka import LIBRDKAFKA_LOGGER
 from connectors.kafka.security import SecurityErrors, librdkafka_config
-from connectors.settings import KafkaSettings
+from connectors.kafka.settings import KafkaSettings
 
 _TRY_S = 1.0
 """How long one metadata request of :func:`prepare_topics` may take before the next try."""

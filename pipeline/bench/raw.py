@@ -35,7 +35,7 @@ from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, Write
 
 from cache_writer.redis import scripts
 from connectors.kafka.producer import PUSH_WAIT_S
-from connectors.settings import LINGER_MS
+from connectors.kafka.settings import LINGER_MS
 
 RAW_KAFKA_MESSAGE_BYTES = 400
 """The size of each message :func:`raw_kafka_lag` sends: about a single-row change of the bench's table."""
@@ -139,7 +139,7 @@ def raw_kafka_lag(
 ) -> dict[str, Any]:
     """The broker alone at ``rate`` messages/s for ``seconds``, on a new ``topic`` of ``partitions``:
     a producer thread sends every message that is due and then pushes them as the connector does at the
-    binlog's end (``linger.ms`` :data:`~connectors.settings.LINGER_MS`, ``flush(PUSH_WAIT_S)``); a plain
+    binlog's end (``linger.ms`` :data:`~connectors.kafka.settings.LINGER_MS`, ``flush(PUSH_WAIT_S)``); a plain
     aiokafka consumer (no group, ``fetch_max_wait_ms`` as the worker's) fetches them. Each message's lag
     is from just before its ``produce()`` to the fetch that returned it.
 

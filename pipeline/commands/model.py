@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from connectors.exceptions import ConnectorError
-from connectors.settings import KafkaSettings
+from connectors.kafka.settings import KafkaSettings
 from pipeline.commands import EnvFile
 from pipeline.config import load_settings
 from schemas.model_updates import ModelUpdate

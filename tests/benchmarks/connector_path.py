@@ -89,10 +89,11 @@ from connectors.binlog.source import BinlogSource, Boundary
 from connectors.checkpoint import BinlogPosition, CheckpointTracker
 from connectors.kafka.limit import MessageLimit
 from connectors.kafka.producer import ChangeProducer
+from connectors.kafka.settings import KafkaSettings
 from connectors.kafka.topics import prepare_topics
 from connectors.metrics import CONNECTOR_METRICS, ConnectorStats
 from connectors.sending import Item, Sender
-from connectors.settings import KafkaSettings, MySQLSettings
+from connectors.settings import MySQLSettings
 from pipeline.bench.raw import raw_decode
 from pipeline.embedded import LocalKafka, LocalMariaDB
 from schemas import ChangeEvent

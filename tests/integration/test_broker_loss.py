@@ -28,7 +28,7 @@ from confluent_kafka.admin import AdminClient
 from connectors.exceptions import ConnectorError
 from connectors.kafka import topic_check
 from connectors.kafka.producer import ChangeProducer
-from connectors.settings import KafkaSettings
+from connectors.kafka.settings import KafkaSettings
 from pipeline.agents.broker_topics import forbid_topic_auto_creation
 from pipeline.embedded import LocalKafka
 from tests.support.pipeline import Pipeline

@@ -22,8 +22,9 @@ from confluent_kafka import Consumer, TopicPartition
 from connectors.binlog.source import BinlogSource, Boundary
 from connectors.checkpoint import BinlogPosition
 from connectors.kafka.producer import ChangeProducer
+from connectors.kafka.settings import KafkaSettings
 from connectors.kafka.topics import ensure_topics
-from connectors.settings import KafkaSettings, MySQLSettings
+from connectors.settings import MySQLSettings
 from tests.support.pipeline import Pipeline
 from tests.support.services import MySQLService
 

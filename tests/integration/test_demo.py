@@ -26,8 +26,8 @@ import orjson
 import pytest
 
 from connectors.kafka.producer import ChangeProducer
+from connectors.kafka.settings import KafkaSettings
 from connectors.kafka.topics import ensure_topics
-from connectors.settings import KafkaSettings
 from pipeline.config import load_settings
 from pipeline.demo import stack as demo
 from pipeline.demo.catchup import SentinelRows, high_watermarks, partition_of

@@ -7,8 +7,8 @@ import uuid
 import pytest
 from confluent_kafka import Producer
 
+from connectors.kafka.settings import KafkaSettings
 from connectors.kafka.topics import end_offsets, ensure_topics, record_exists
-from connectors.settings import KafkaSettings
 
 pytestmark = pytest.mark.integration
 

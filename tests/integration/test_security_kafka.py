@@ -30,8 +30,8 @@ from aiokafka.errors import KafkaConnectionError
 from connectors.exceptions import ConfigurationError, ConnectorError
 from connectors.kafka.producer import ChangeProducer
 from connectors.kafka.security import aiokafka_options, librdkafka_config
+from connectors.kafka.settings import KafkaSettings
 from connectors.kafka.topics import end_offsets, prepare_topics, record_exists, topic_names
-from connectors.settings import KafkaSettings
 from connectors.tls import TlsVerificationError
 from pipeline.embedded import LocalKafka, free_port
 from pipeline.observe.broker import BrokerOffsets

@@ -21,7 +21,8 @@ from pydantic_settings import BaseSettings
 
 from cache_writer.settings import L3Settings, RedisSettings
 from connectors.heartbeat import HeartbeatSettings
-from connectors.settings import ConnectorSettings, KafkaSettings, MySQLSettings
+from connectors.kafka.settings import KafkaSettings
+from connectors.settings import ConnectorSettings, MySQLSettings
 from pipeline.demo import stack as demo
 from pipeline.settings import (
     BindingSettings,

@@ -10,9 +10,9 @@ from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricR
 
 from connectors.checkpoint import BinlogPosition, CheckpointTracker
 from connectors.kafka.limit import MessageLimit
+from connectors.kafka.settings import KafkaSettings
 from connectors.metrics import ConnectorMetrics, ConnectorStats
 from connectors.sending import ACK_LATENCY_SAMPLE, Sender
-from connectors.settings import KafkaSettings
 from schemas import ChangeEvent, Source
 
 SOURCE = Source(server_id=1, file="binlog.000007", pos=900, ts_ms=1_700_000_000_000, db="shop", table="t")

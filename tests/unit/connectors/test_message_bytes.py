@@ -19,9 +19,9 @@ from typing import Any
 from connectors.binlog.translate import EventOrigin, RowsEvent, RowsKind, translate_rows
 from connectors.checkpoint import BinlogPosition, CheckpointTracker
 from connectors.kafka.limit import MessageLimit
+from connectors.kafka.settings import KafkaSettings
 from connectors.metrics import CONNECTOR_METRICS, ConnectorStats
 from connectors.sending import Sender
-from connectors.settings import KafkaSettings
 from schemas.values import ColumnType, binlog_row_converter
 from schemas.values.binlog import EMPTY_SET
 

@@ -12,10 +12,11 @@ from opentelemetry.sdk.metrics import MeterProvider
 from connectors import resume
 from connectors.checkpoint import BinlogPosition, CheckpointState, CheckpointStore
 from connectors.exceptions import BinlogGapError, ConfigurationError, FenceError
+from connectors.kafka.settings import KafkaSettings
 from connectors.kafka.topics import TopicsReport
 from connectors.metrics import ConnectorMetrics, ConnectorStats
 from connectors.resume import OnGap, ResumeGuard
-from connectors.settings import ConnectorSettings, KafkaSettings, MySQLSettings
+from connectors.settings import ConnectorSettings, MySQLSettings
 
 POSITION = BinlogPosition("binlog.000004", 800)
 CURRENT = BinlogPosition("binlog.000009", 4)

@@ -26,10 +26,11 @@ from connectors.exceptions import (
     RetriableError,
     RetriesExhaustedError,
 )
+from connectors.kafka.settings import KafkaSettings
 from connectors.kafka.topics import TopicsReport
 from connectors.metrics import ConnectorMetrics
 from connectors.runner import ConnectorRun
-from connectors.settings import ConnectorSettings, KafkaSettings, MySQLSettings
+from connectors.settings import ConnectorSettings, MySQLSettings
 
 
 @pytest.fixture

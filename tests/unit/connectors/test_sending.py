@@ -13,9 +13,9 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from connectors.checkpoint import BinlogPosition, CheckpointTracker
 from connectors.exceptions import ConfigurationError
 from connectors.kafka.limit import MessageLimit
+from connectors.kafka.settings import KafkaSettings
 from connectors.metrics import ConnectorMetrics, ConnectorStats
 from connectors.sending import DDL_QUERY_CHARS, Sender
-from connectors.settings import KafkaSettings
 from schemas import ChangeEvent, DdlEvent, DeadLetter, FenceEvent, Source, decode, encode, message_key
 from schemas.codec import dead_letter
 from schemas.model_updates import ModelUpdate

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from connectors.kafka.settings import KafkaSettings
 from connectors.kafka.topics import TopicSpec
-from connectors.settings import KafkaSettings
 from pipeline.agents.broker_topics import TopicKeeper, owned_topics
 from pipeline.faust_app import FreshkeyApp
 from pipeline.settings import SlaSettings

@@ -40,8 +40,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from connectors import heartbeat as heartbeat_module
 from connectors.heartbeat import HeartbeatSettings
+from connectors.kafka.settings import KafkaSettings
 from connectors.metrics import ConnectorMetrics
-from connectors.settings import KafkaSettings
 from pipeline.demo import stack as demo
 from pipeline.faust_app import FreshkeyApp
 from pipeline.observe.telemetry import configure_telemetry

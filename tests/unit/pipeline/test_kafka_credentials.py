@@ -9,7 +9,7 @@ import faust
 import pytest
 from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 
-from connectors.settings import KafkaSettings
+from connectors.kafka.settings import KafkaSettings
 from pipeline.app import faust_credentials
 from tests.support.certs import CertificateAuthority
 

@@ -17,8 +17,8 @@ from connectors.kafka import topic_check
 from connectors.kafka.acks import MAX_SPANS, AckedOffsets
 from connectors.kafka.limit import RECORD_OVERHEAD_BYTES, MessageLimit
 from connectors.kafka.producer import ChangeProducer
+from connectors.kafka.settings import KafkaSettings
 from connectors.kafka.topic_check import TOPIC_GONE_AFTER_S, TopicCheck
-from connectors.settings import KafkaSettings
 
 LIMIT = 100_000
 KAFKA = KafkaSettings(bootstrap="127.0.0.1:1", max_message_bytes=LIMIT, dead_letter_max_original_bytes=50_000)

@@ -26,7 +26,7 @@ from connectors.kafka.security import (
     librdkafka_config,
     security_failure,
 )
-from connectors.settings import KafkaSettings
+from connectors.kafka.settings import KafkaSettings
 from connectors.tls import TlsVerificationError
 from tests.support.certs import CertificateAuthority
 
