@@ -321,7 +321,7 @@ class BinlogSource:
         # rowdecode: the same images); else pymysqlreplication's rows, converted per image.
         rows = decode_rows(table.decoder, event, kind == "update")
         if rows is None:
-            full = stream.full(event) if isinstance(stream, LeanReader) and type(event) is LeanRows else event
+            full = stream.full(event) if type(event) is LeanRows else event  # only a LeanReader makes one
             if full is None:
                 return None
             rows = full.rows

@@ -23,10 +23,9 @@ from pydantic import BaseModel
 from pymysqlreplication import BinLogStreamReader
 
 import connectors.binlog.source as source_module
-from connectors.binlog.lean import LeanReader
+from connectors.binlog.lean import _SKIPPED, LeanReader
 from connectors.binlog.source import BinlogSource
 from connectors.checkpoint import BinlogPosition
-from schemas import ChangeEvent
 from tests.support.services import MySQLService
 from tests.support.type_matrix import admin_settings, connection_settings
 
@@ -135,7 +134,7 @@ def test_the_lean_reader_gives_the_source_the_same_items(
 
     def counted_lean(self: LeanReader, packet: Any) -> Any:
         event = lean(self, packet)
-        seen["handed on" if event is None else type(event).__name__] += 1
+        seen["handed on" if event is None else "skipped" if event is _SKIPPED else type(event).__name__] += 1
         return event
 
     def counted_full(self: LeanReader, event: Any) -> Any:
@@ -152,7 +151,7 @@ def test_the_lean_reader_gives_the_source_the_same_items(
     assert kinds["ChangeEvent"] >= 20 + 10 + 1 + 1 + 300 + 2 + 1 + 3 + 1 + 6 + 500 + 500, kinds
     assert kinds["DeadLetter"] >= 1 and kinds["FenceEvent"] >= 1 and kinds["DdlEvent"] >= 1, kinds
     # The short way read most events, and handed pymysqlreplication the rest, as the docstring says.
-    assert seen["LeanRows"] >= 40 and seen["LeanXid"] >= 40 and seen["object"] >= 20, seen
+    assert seen["LeanRows"] >= 40 and seen["LeanXid"] >= 40 and seen["skipped"] >= 20, seen
     assert seen["handed on"] >= 5 and seen["full"] >= 2, seen  # rotation, DDL...; GEOMETRY, MINIMAL
     if mariadb:
         assert seen["LeanGtid"] >= 40, seen
@@ -172,6 +171,4 @@ def test_a_lean_reader_that_does_not_move_its_position_is_caught(
     broken = read(mysql, db, start)
     monkeypatch.setattr(source_module, "LeanReader", BinLogStreamReader)
     assert broken != read(mysql, db, start)
-    changes = [item for kind, item in broken if kind == "ChangeEvent"]
-    assert changes, "nothing read: the control proves nothing"
-    assert isinstance(ChangeEvent.model_validate(changes[0]), ChangeEvent)
+    assert any(kind == "ChangeEvent" for kind, _ in broken), "nothing read: the control proves nothing"
