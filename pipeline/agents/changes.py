@@ -25,8 +25,8 @@ from faust.types import TP, Message
 
 from pipeline.context import Worker
 from pipeline.faust_app import FreshkeyApp
-from pipeline.outages import OUTAGES, crash, retrying
-from pipeline.processor import describe
+from pipeline.outages import OUTAGES, crash, retrying, until_done
+from pipeline.processor import Reject, describe
 from schemas import DdlEvent
 
 log = logging.getLogger(__name__)
@@ -53,20 +53,16 @@ def install(w: Worker) -> None:
         received_ms = time.time() * 1000
         pairs = [(m.key, m.value) for m in messages]
         topics = [m.topic for m in messages]
-        async for attempt in retrying("preparing a batch"):
-            with attempt:
-                prepared = await processor.prepare(pairs, topics=topics)
+        prepared = await until_done("preparing a batch", lambda: processor.prepare(pairs, topics=topics))
         planned_ms = time.time() * 1000
         for namespace, fence in prepared.fences.items():
             await w.tiers.fence([by_namespace[namespace]], fence.reason, cause=fence.cause)
-        async for attempt in retrying("applying a batch"):
-            with (
-                attempt,
-                w.otel.trace_batch(prepared.planned, received_ms=received_ms, planned_ms=planned_ms),
-            ):
-                refused = await processor.apply(
-                    prepared.planned, received_ms=received_ms, planned_ms=planned_ms
-                )
+
+        async def apply() -> list[Reject]:
+            with w.otel.trace_batch(prepared.planned, received_ms=received_ms, planned_ms=planned_ms):
+                return await processor.apply(prepared.planned, received_ms=received_ms, planned_ms=planned_ms)
+
+        refused = await until_done("applying a batch", apply)
         for reject in sorted([*prepared.rejects, *refused], key=lambda r: r.index):
             await w.dead_letters.send(Received(messages[reject.index]), reject.stage, reject.reason)
         for ddl_event in prepared.ddl:  # after the batch's changes: they were read under the old columns
