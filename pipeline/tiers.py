@@ -20,7 +20,7 @@ from redis.exceptions import RedisError
 from cache_writer import CacheTier, RedisTier, TierUnavailableError
 from connectors.database import table_columns
 from pipeline.fence import fence_namespaces
-from pipeline.outages import retrying
+from pipeline.outages import until_done
 from schemas import Binding
 
 if TYPE_CHECKING:
@@ -82,12 +82,8 @@ class Tiers:
             tiers.append(outer)
             self._outer = [outer]
         for tier in tiers:
-            async for attempt in retrying(f"loading the scripts into {tier.name}"):
-                with attempt:
-                    await tier.load_scripts()
-        async for attempt in retrying(f"reading the identity of {self._l2.name}"):
-            with attempt:
-                await self.check_incarnation()
+            await until_done(f"loading the scripts into {tier.name}", tier.load_scripts)
+        await until_done(f"reading the identity of {self._l2.name}", self.check_incarnation)
         self.processor.tiers[:] = tiers
         self.cutovers.tiers[:] = tiers
         for tier in self._outer:  # before the first batch; one that does not answer now is looked at later
@@ -102,11 +98,12 @@ class Tiers:
 
     async def fence(self, bindings: Sequence[Binding], reason: str, *, cause: str) -> list[str]:
         """Fence the namespaces of ``bindings`` in L2 (``pipeline.fence``), retrying outages."""
-        async for attempt in retrying(f"fencing {len(bindings)} namespace(s)"):
-            with attempt:
-                fenced = await fence_namespaces(
-                    self.l2, self.settings.redis.key_prefix, bindings, columns_of=self._columns, reason=reason
-                )
+        fenced = await until_done(
+            f"fencing {len(bindings)} namespace(s)",
+            lambda: fence_namespaces(
+                self.l2, self.settings.redis.key_prefix, bindings, columns_of=self._columns, reason=reason
+            ),
+        )
         for namespace in fenced:
             self.processor.observers.on_event("fence")
             self._on_fence(namespace, cause)
@@ -183,9 +180,10 @@ class Tiers:
     async def _on_outer_fenced(self, tier: CacheTier) -> None:
         since = int(time.time() * 1000)
         namespaces = [b.namespace for b in self.bindings]
-        async for attempt in retrying(f"marking {tier.name} fenced for readers"):
-            with attempt:
-                await self.l2.mark_outer_fenced(self.settings.redis.key_prefix, namespaces, since)
+        await until_done(
+            f"marking {tier.name} fenced for readers",
+            lambda: self.l2.mark_outer_fenced(self.settings.redis.key_prefix, namespaces, since),
+        )
         self.processor.observers.on_event("tier_fenced")
         task = asyncio.ensure_future(self._recover_outer(tier, namespaces))
         if self._spawn is not None:

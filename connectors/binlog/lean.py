@@ -39,12 +39,13 @@ from pymysqlreplication.packet import BinLogPacketWrapper
 from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
 from connectors.binlog.tablemaps import TABLE_MAP_EVENT, DumpConnection
+from connectors.binlog.translate import RowsKind
 
 XID_EVENT = 16
 GTID_LOG_EVENT = 33
 """MySQL's GTID event."""
 MARIADB_GTID_EVENT = 162
-_ROWS_KINDS: dict[int, str] = {
+_ROWS_KINDS: dict[int, RowsKind] = {
     23: "write",
     24: "update",
     25: "delete",
@@ -63,14 +64,16 @@ _MANGLED = "_BinLogStreamReader__"
 _CONNECTED_STREAM = _MANGLED + "connected_stream"
 _CONNECTED_CTL = _MANGLED + "connected_ctl"
 _USE_CHECKSUM = _MANGLED + "use_checksum"
+_POST_HEADER_LENGTHS = _MANGLED + "post_header_lengths"
+"""Both set when the stream connects (the server's checksum setting, its FORMAT_DESCRIPTION event), so
+read per event, not kept."""
 
 
 @dataclass(slots=True)
 class LeanRows:
     """A rows event of a table the reader holds, not parsed beyond its post-header."""
 
-    kind: str
-    """"write", "update" or "delete"."""
+    kind: RowsKind
     table_map: Any
     """pymysqlreplication's ``Table`` of the event's table id."""
     timestamp: int
@@ -103,6 +106,11 @@ class LeanRows:
         """The table map's columns: the same list pymysqlreplication's event of this packet holds."""
         return self.table_map.columns
 
+    @property
+    def primary_key(self) -> Any:
+        """The table map's primary key, as pymysqlreplication's event of this packet gives it."""
+        return self.table_map.primary_key
+
 
 @dataclass(frozen=True, slots=True)
 class LeanGtid:
@@ -127,7 +135,7 @@ class LeanReader(BinLogStreamReader):
     Its stream connection must be a :class:`~connectors.binlog.tablemaps.DumpConnection` (the
     ``pymysql_wrapper`` of a :class:`~connectors.binlog.tablemaps.TableMapGuard`); where it is not, or
     where the reader was asked for something the short way does not do (``end_log_pos``,
-    ``skip_to_timestamp``, lenient decoding), every event is pymysqlreplication's.
+    ``skip_to_timestamp``, lenient decoding, ``verify_checksum``), every event is pymysqlreplication's.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -139,8 +147,13 @@ class LeanReader(BinLogStreamReader):
         self._lean_gtid = MariadbGtidEvent in allowed
         self._lean_mysql_gtid = GtidEvent in allowed
         self._freeze = bool(self._private("freeze_schema"))
-        self._usable = not self.end_log_pos and not self.skip_to_timestamp
-        self._usable = self._usable and not self._private("ignore_decode_errors")
+        # What the short way does not do: stop at a position or a time, decode leniently, check checksums.
+        self._usable = not (
+            self.end_log_pos
+            or self.skip_to_timestamp
+            or self._private("ignore_decode_errors")
+            or self._private("verify_checksum")
+        )
 
     def _private(self, name: str) -> Any:
         return getattr(self, _MANGLED + name)
@@ -220,7 +233,7 @@ class LeanReader(BinLogStreamReader):
     def _rows(self, packet: Any, data: bytes, event_type: int) -> Any:
         v2 = event_type in _V2
         post_header = 10 if v2 else 8
-        lengths = self._private("post_header_lengths")
+        lengths = getattr(self, _POST_HEADER_LENGTHS)
         if lengths and 0 <= event_type - 1 < len(lengths) and lengths[event_type - 1] != post_header:
             return None
         pos = _HEADER + post_header
@@ -271,7 +284,7 @@ class LeanReader(BinLogStreamReader):
             self.table_map,
             self._ctl_connection,
             self.mysql_version,
-            self._private("use_checksum"),
+            getattr(self, _USE_CHECKSUM),
             self._private("allowed_events_in_packet"),
             self._private("only_tables"),
             self._private("ignored_tables"),
@@ -283,7 +296,7 @@ class LeanReader(BinLogStreamReader):
             self._private("optional_meta_data"),
             self._private("enable_logging"),
             self._private("use_column_name_cache"),
-            self._private("post_header_lengths"),
+            getattr(self, _POST_HEADER_LENGTHS),
         )
         event = wrapper.event
         if event is None or event.__class__ not in self._private("allowed_events"):

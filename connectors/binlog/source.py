@@ -304,8 +304,7 @@ class BinlogSource:
         :func:`translate_rows` needs; None where pymysqlreplication skips a lean one's packet."""
         kind: RowsKind
         if type(event) is LeanRows:
-            kind = event.kind  # type: ignore[assignment]  # one of the three (connectors.binlog.lean)
-            pk = event.table_map.primary_key
+            kind = event.kind
         else:
             kind = (
                 "update"
@@ -314,7 +313,7 @@ class BinlogSource:
                 if isinstance(event, WriteRowsEvent)
                 else "delete"
             )
-            pk = event.primary_key
+        pk = event.primary_key
         table = self._table_map(event)
         converter = table.converter
         # Straight from the event's bytes where the table's column types allow (connectors.binlog.

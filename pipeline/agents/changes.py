@@ -25,7 +25,7 @@ from faust.types import TP, Message
 
 from pipeline.context import Worker
 from pipeline.faust_app import FreshkeyApp
-from pipeline.outages import OUTAGES, crash, retrying, until_done
+from pipeline.outages import OUTAGES, crash, until_done
 from pipeline.processor import Reject, describe
 from schemas import DdlEvent
 
@@ -72,9 +72,9 @@ def install(w: Worker) -> None:
         """Move the signatures the DDL concerns. Outages are retried (never acknowledged past); a DDL that
         cannot be applied for any other reason fences the namespaces of its database instead."""
         try:
-            async for attempt in retrying(f"applying DDL {ddl_event.event_id}"):
-                with attempt:
-                    moved = await w.cutovers.on_ddl(ddl_event)
+            moved = await until_done(
+                f"applying DDL {ddl_event.event_id}", lambda: w.cutovers.on_ddl(ddl_event)
+            )
         except OUTAGES:
             raise
         except Exception as exc:

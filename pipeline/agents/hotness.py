@@ -18,7 +18,7 @@ from cache_writer.layout import namespace_prefix
 from pipeline.context import Worker
 from pipeline.cutover import CutoverRejected
 from pipeline.hotness import HitForwarder, merge_count, top_entries
-from pipeline.outages import crash, retrying
+from pipeline.outages import crash, until_done
 from schemas import DecodeError
 from schemas.model_updates import decode_model_update
 
@@ -69,9 +69,9 @@ def install(w: Worker) -> None:
             settings.hotness,
         )
         try:
-            async for attempt in retrying(f"the cutover of {namespace}"):
-                with attempt:
-                    report = await w.cutovers.cutover(namespace, update, None, hot)
+            report = await until_done(
+                f"the cutover of {namespace}", lambda: w.cutovers.cutover(namespace, update, None, hot)
+            )
         except CutoverRejected as exc:
             processor.observers.on_event("model_update_rejected")
             await w.dead_letters.send(event, "model-update", exc.reason, original=raw)

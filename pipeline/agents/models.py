@@ -14,7 +14,7 @@ import orjson
 
 from pipeline.context import Worker
 from pipeline.cutover import CutoverRejected
-from pipeline.outages import crash, retrying
+from pipeline.outages import crash, until_done
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +38,7 @@ def install(w: Worker) -> None:
     async def check(event: faust.types.EventT) -> None:
         raw = event.message.value or b""
         try:
-            async for attempt in retrying("checking a model update"):
-                with attempt:
-                    checked = await w.cutovers.check(raw)
+            checked = await until_done("checking a model update", lambda: w.cutovers.check(raw))
         except CutoverRejected as exc:
             processor.observers.on_event("model_update_rejected")
             await w.dead_letters.send(event, "model-update", exc.reason)

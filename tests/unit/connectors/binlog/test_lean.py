@@ -19,6 +19,7 @@ from pymysqlreplication.packet import BinLogPacketWrapper
 from pymysqlreplication.row_event import WriteRowsEvent
 
 from connectors.binlog.lean import _SKIPPED, LEAN_XID, LeanGtid, LeanReader, LeanRows
+from connectors.binlog.tablemaps import DumpConnection
 
 TABLE_ID = 7
 
@@ -136,11 +137,28 @@ def test_only_what_the_caller_asked_for_is_read_the_short_way() -> None:
     assert isinstance(lean._lean(packet(23, rows_body())), LeanRows)
 
 
-def test_a_reader_asked_for_what_the_short_way_does_not_do_never_takes_it() -> None:
-    assert reader(end_log_pos=10_000)._lean_ready() is None
-    assert reader(skip_to_timestamp=5)._lean_ready() is None
-    assert reader(ignore_decode_errors=True)._lean_ready() is None
-    assert reader()._lean_ready() is None  # not connected
+def connected(made: LeanReader) -> LeanReader:
+    """``made`` as if its stream were connected through a DumpConnection (nothing is opened)."""
+    made._stream_connection = object.__new__(DumpConnection)
+    made._BinLogStreamReader__connected_stream = True  # type: ignore[attr-defined]
+    made._BinLogStreamReader__connected_ctl = True  # type: ignore[attr-defined]
+    return made
+
+
+@pytest.mark.parametrize(
+    "asked",
+    [
+        {"end_log_pos": 10_000},
+        {"skip_to_timestamp": 5},
+        {"ignore_decode_errors": True},
+        {"verify_checksum": True},
+    ],
+    ids=["end_log_pos", "skip_to_timestamp", "ignore_decode_errors", "verify_checksum"],
+)
+def test_a_reader_asked_for_what_the_short_way_does_not_do_never_takes_it(asked: dict[str, Any]) -> None:
+    assert connected(reader())._lean_ready() is not None  # the same reader without it takes the short way
+    assert connected(reader(**asked))._lean_ready() is None
+    assert reader()._lean_ready() is None  # not connected: fetchone connects
 
 
 class _Ctl:
