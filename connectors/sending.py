@@ -31,7 +31,7 @@ from connectors.kafka.producer import OnDelivered, OnTooLarge
 from connectors.kafka.settings import KafkaSettings
 from connectors.metrics import ConnectorMetrics, ConnectorStats
 from connectors.registry import RegistryRowError, update_from_row
-from schemas import ChangeEvent, DdlEvent, DeadLetter, FenceEvent, encode
+from schemas import ChangeEvent, DdlEvent, DeadLetter, FenceEvent, decode, encode
 from schemas.codec import dead_letter
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,6 @@ class ModelUpdateMessage:
 
     key: bytes
     value: bytes
-    event: ChangeEvent
 
 
 Item = ChangeEvent | DdlEvent | FenceEvent | DeadLetter | ModelUpdateMessage
@@ -94,6 +93,8 @@ class Sender:
         self.stats = stats
         self.metrics = metrics
         self.keys = MessageKeys()
+        self._acknowledge = tracker.acknowledged  # bound once: every event's report holds it
+        self._refused_bound = self._refused
 
     def message(self, item: Item) -> tuple[str, bytes, bytes]:
         """(topic, key, value) of an item."""
@@ -132,27 +133,42 @@ class Sender:
                 return
         if seq is None:
             seq = self.tracker.produced()
-        acked = seq
         delivered: Callable[[], None]
-        if acked % ACK_LATENCY_SAMPLE:
-            delivered = partial(self.tracker.acknowledged, acked)
+        if seq % ACK_LATENCY_SAMPLE:
+            delivered = partial(self._acknowledge, seq)
         else:
-            sent = time.monotonic()
+            delivered = partial(self._acknowledge_timed, seq, time.monotonic())
+        # Only small objects wait for the delivery report, never the item: a refused message's stand-in
+        # is made from its own bytes (_refused).
+        refused = partial(self._refused_bound, topic, seq)
+        self.producer.produce(topic, key, value, delivered, on_too_large=refused, partition=partition)
 
-            def delivered() -> None:
-                self.tracker.acknowledged(acked)
-                self.metrics.ack_latency.record((time.monotonic() - sent) * 1000)
+    def _acknowledge_timed(self, seq: int, sent: float) -> None:
+        self.tracker.acknowledged(seq)
+        self.metrics.ack_latency.record((time.monotonic() - sent) * 1000)
 
-        def too_large() -> None:
-            smaller = self.stand_in(item, len(key) + len(value))
-            if smaller is None:
-                raise ConfigurationError(
-                    f"a {len(key) + len(value)}-byte message for {topic!r} is too large for Kafka and "
-                    "cannot be made smaller; raise the broker's max.message.bytes"
-                )
-            self.send(smaller, acked)
+    def _refused(self, topic: str, seq: int, key: bytes, value: bytes) -> None:
+        """Kafka refused the message of event ``seq`` as too large (librdkafka at once, or the broker):
+        send its stand-in, which acknowledges ``seq``. The item is read back from the message's value
+        (what :meth:`message` wrote, decoded the worker's way): a change's key is ints and strings, so
+        its stand-in has the same message key, and goes to the same partition."""
+        size = len(key) + len(value)
+        smaller = self.stand_in(self._item_of(topic, key, value), size)
+        if smaller is None:
+            raise ConfigurationError(
+                f"a {size}-byte message for {topic!r} is too large for Kafka and cannot be made smaller; "
+                "raise the broker's max.message.bytes"
+            )
+        self.send(smaller, seq)
 
-        self.producer.produce(topic, key, value, delivered, on_too_large=too_large, partition=partition)
+    def _item_of(self, topic: str, key: bytes, value: bytes) -> Item:
+        """The item a message of this sender was made from (:meth:`message`), as far as
+        :meth:`stand_in` needs it."""
+        if topic == self.kafka.change_topic:
+            return decode(value)
+        if topic == self.kafka.dead_letter_topic:
+            return DeadLetter.model_validate_json(value)
+        return ModelUpdateMessage(key, value)
 
     def registry_row(self, event: ChangeEvent) -> None:
         """A change of the model registry table: a model update, or a dead letter saying why not."""
@@ -165,7 +181,7 @@ class Sender:
             return
         if update is None:
             return
-        self.send(ModelUpdateMessage(update.model.encode(), update.model_dump_json().encode(), event))
+        self.send(ModelUpdateMessage(update.model.encode(), update.model_dump_json().encode()))
         log.info(
             "model update from the registry: %s %s for %s",
             update.model,

@@ -5,8 +5,9 @@ What it guarantees to the connector:
 - an event is reported delivered (``on_delivered``) only once Kafka acknowledged it (acks=all);
 - a message over the size limit never raises nor fails the producer: whether librdkafka refuses it at
   ``produce()`` or the broker refuses it later (a broker limit below ours), ``on_too_large`` is called
-  (on the caller's thread, from :meth:`ChangeProducer.raise_if_failed`) so that the caller sends a
-  smaller replacement that acknowledges the same event;
+  with the refused message's key and value (on the caller's thread, from
+  :meth:`ChangeProducer.raise_if_failed`) so that the caller sends a smaller replacement that
+  acknowledges the same event;
 - every other failure (a delivery that failed, a fatal producer error such as UNKNOWN_PRODUCER_ID after
   a broker lost its state, every broker down while events wait) is kept and raised by
   :meth:`ChangeProducer.raise_if_failed` as a retriable :class:`DeliveryError` or
@@ -21,6 +22,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
@@ -42,7 +44,9 @@ from connectors.kafka.topic_check import TOPIC_GONE_AFTER_S, TOPIC_GONE_CODES, T
 log = logging.getLogger(__name__)
 
 OnDelivered = Callable[[], None]
-OnTooLarge = Callable[[], None]
+OnTooLarge = Callable[[bytes, bytes], None]
+"""Called with the key and value of a message refused as too large."""
+Replacement = Callable[[], None]
 
 _PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
 _UNREACHABLE = frozenset({KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN})
@@ -103,7 +107,8 @@ class ChangeProducer:
         self.rewound: str | None = None
         """Why acknowledged events cannot be vouched for (:meth:`_rewound`), None while they can."""
         self._ends_lock = threading.Lock()
-        self._replacements: queue.SimpleQueue[OnTooLarge] = queue.SimpleQueue()
+        self._replacements: queue.SimpleQueue[Replacement] = queue.SimpleQueue()
+        self._report_bound = self._report  # held by every message's callback (no bound method each)
         self._served_at = 0.0  # when the caller's thread last served delivery reports (serve())
         self._stop = threading.Event()
         self._poller = threading.Thread(target=self._poll_loop, name="kafka-delivery", daemon=True)
@@ -175,28 +180,33 @@ class ChangeProducer:
         else:
             log.debug("librdkafka: %s", err.str())
 
-    def _delivered(
-        self, topic: str, size: int, on_delivered: OnDelivered, on_too_large: OnTooLarge | None
-    ) -> Callable[[KafkaError | None, Message], None]:
-        def callback(err: KafkaError | None, msg: Message) -> None:
-            if err is None:
-                offset, partition = msg.offset(), msg.partition()
-                if offset is not None and partition is not None and offset >= 0:
-                    where = (topic, partition)
-                    with self._ends_lock:  # flush() serves callbacks too, on the caller's thread
-                        acked = self._acked.get(where)
-                        if acked is None:
-                            acked = self._acked[where] = AckedOffsets()
-                        if offset < self._floors.get(where, 0) or not acked.add(offset):
-                            self._rewound(topic, partition, offset)
-                        elif offset + 1 > self._ends.get(where, 0):
-                            self._ends[where] = offset + 1
-                self._progress_at = time.monotonic()
-                on_delivered()
-                return
-            self.on_delivery_error(err, topic, size, on_too_large)
-
-        return callback
+    def _report(
+        self,
+        topic: str,
+        on_delivered: OnDelivered,
+        on_too_large: OnTooLarge | None,
+        err: KafkaError | None,
+        msg: Message,
+    ) -> None:
+        """A message's delivery report (``on_delivery``, with the first three arguments bound by
+        :meth:`produce`): the acknowledged offset checked and kept, then ``on_delivered``; or the
+        failure handled (:meth:`on_delivery_error`)."""
+        if err is None:
+            offset, partition = msg.offset(), msg.partition()
+            if offset is not None and partition is not None and offset >= 0:
+                where = (topic, partition)
+                with self._ends_lock:  # flush() serves callbacks too, on the caller's thread
+                    acked = self._acked.get(where)
+                    if acked is None:
+                        acked = self._acked[where] = AckedOffsets()
+                    if offset < self._floors.get(where, 0) or not acked.add(offset):
+                        self._rewound(topic, partition, offset)
+                    elif offset + 1 > self._ends.get(where, 0):
+                        self._ends[where] = offset + 1
+            self._progress_at = time.monotonic()
+            on_delivered()
+            return
+        self.on_delivery_error(err, topic, msg.key() or b"", msg.value() or b"", on_too_large)
 
     def _rewound(self, topic: str, partition: int, offset: int) -> None:
         """A partition's log went back: Kafka acknowledged an event at ``offset``, which it had
@@ -220,11 +230,13 @@ class ChangeProducer:
         self._fail(DeliveryError(reason))
 
     def on_delivery_error(
-        self, err: KafkaError, topic: str, size: int, on_too_large: OnTooLarge | None
+        self, err: KafkaError, topic: str, key: bytes, value: bytes, on_too_large: OnTooLarge | None
     ) -> None:
         """What a failed delivery report does (poll thread): a message the broker refused as too large
-        lowers the limit and queues its stand-in (``on_too_large``); a purge is nothing (the session is
-        over); anything else is kept as the failure that ends the session."""
+        lowers the limit and queues its stand-in (``on_too_large(key, value)``, called on the caller's
+        thread); a purge is nothing (the session is over); anything else is kept as the failure that
+        ends the session."""
+        size = len(key) + len(value)
         code = err.code()
         if code in _PURGED:
             return  # purged by close(purge=True): the session is over already
@@ -238,7 +250,7 @@ class ChangeProducer:
                     self.limit.configured,
                 )
             if on_too_large is not None:
-                self._replacements.put(on_too_large)
+                self._replacements.put(partial(on_too_large, key, value))
                 return
         if code in KAFKA_CONFIGURATION_CODES:
             self._fail(ConfigurationError(f"Kafka refused an event for {topic!r}: {err.str()}"))
@@ -269,8 +281,12 @@ class ChangeProducer:
         partition: int | None = None,
     ) -> None:
         """Queue a message (to the partition of its key, or to ``partition``). Too large for librdkafka:
-        ``on_too_large()`` at once (when given)."""
-        callback = self._delivered(topic, len(key) + len(value), on_delivered, on_too_large)
+        ``on_too_large(key, value)`` at once (when given).
+
+        Until its report, librdkafka holds the message's callback and what it refers to: one partial
+        object here, never the caller's item (thousands wait at a time, and every object they keep
+        alive is walked by the garbage collector)."""
+        callback = partial(self._report_bound, topic, on_delivered, on_too_large)
         self._topic_check.sent(topic)
         if len(self._producer) == 0:
             self._progress_at = time.monotonic()  # nothing was waiting: the wait starts now
@@ -284,7 +300,7 @@ class ChangeProducer:
                 time.sleep(0.01)  # the poll thread drains the queue
             except KafkaException as exc:
                 if kafka_error_code(exc) == KafkaError.MSG_SIZE_TOO_LARGE and on_too_large is not None:
-                    on_too_large()
+                    on_too_large(key, value)
                     return
                 raise
 

@@ -3,8 +3,12 @@
 
 from __future__ import annotations
 
+import gc
+import hashlib
 import logging
+import types
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
@@ -15,7 +19,7 @@ from connectors.exceptions import ConfigurationError
 from connectors.kafka.limit import MessageLimit
 from connectors.kafka.settings import KafkaSettings
 from connectors.metrics import ConnectorMetrics, ConnectorStats
-from connectors.sending import DDL_QUERY_CHARS, Sender
+from connectors.sending import DDL_QUERY_CHARS, ModelUpdateMessage, Sender
 from schemas import ChangeEvent, DdlEvent, DeadLetter, FenceEvent, Source, decode, encode, message_key
 from schemas.codec import dead_letter
 from schemas.model_updates import ModelUpdate
@@ -50,6 +54,7 @@ class StubProducer:
         self.sent: list[tuple[str, bytes, bytes]] = []
         self.partitions: list[int | None] = []
         self.callbacks: list[Callable[[], None]] = []
+        self.refusals: list[Callable[[bytes, bytes], None] | None] = []
         self.refuse = 0
 
     def produce(
@@ -59,12 +64,13 @@ class StubProducer:
         value: bytes,
         on_delivered: Callable[[], None],
         *,
-        on_too_large: Callable[[], None] | None = None,
+        on_too_large: Callable[[bytes, bytes], None] | None = None,
         partition: int | None = None,
     ) -> None:
         if len(key) + len(value) > self.refuse > 0 and on_too_large is not None:
-            on_too_large()
+            on_too_large(key, value)
             return
+        self.refusals.append(on_too_large)
         self.sent.append((topic, key, value))
         self.partitions.append(partition)
         self.callbacks.append(on_delivered)
@@ -184,18 +190,85 @@ def test_without_the_size_check_the_event_goes_to_kafka_whole(monkeypatch: pytes
     assert len(stub.sent[0][2]) > 2 * LIMIT
 
 
-def test_a_broker_refusal_gets_the_same_stand_in_acknowledging_the_original() -> None:
+@pytest.mark.parametrize("row_key", [{"id": 42}, {"sku": "a/b c%é"}, {"shop": 7, "sku": "x/y"}])
+def test_a_broker_refusal_gets_the_same_stand_in_acknowledging_the_original(row_key: dict[str, Any]) -> None:
+    """The stand-in is made from the refused message's own bytes (the sender keeps no item while Kafka
+    has it): same identity, same message key (so the same partition), the original's event number."""
     sender, stub = make_sender()
     stub.refuse = LIMIT // 8  # the broker's limit is below ours
-    event = change("z" * (LIMIT // 6))
-    assert sender.limit.fits(b"k" * 20, encode(event)), "under our own limit: only the broker refuses it"
+    row = {**row_key, "content": "z" * (LIMIT // 6)}
+    event = change("").model_copy(update={"key": row_key, "before": row, "after": row})
+    assert decode(encode(event)) == event
+    key = message_key("shop", "assets", row_key)
+    assert sender.limit.fits(key, encode(event)), "under our own limit: only the broker refuses it"
     sender.send(event)
     assert len(stub.sent) == 1
+    assert stub.sent[0][1] == key, "same key: same partition, same order"
     sent = decode(stub.sent[0][2])
-    assert isinstance(sent, ChangeEvent) and sent.oversize
+    assert isinstance(sent, ChangeEvent) and sent.oversize and sent.before is None and sent.after is None
+    assert (sent.event_id, sent.key, sent.version, sent.source) == (
+        event.event_id,
+        event.key,
+        event.version,
+        event.source,
+    )
     assert sender.tracker.outstanding == 1
     stub.callbacks[0]()
     assert sender.tracker.outstanding == 0
+
+
+def test_broker_refusals_of_ddl_dead_letters_and_model_updates_get_their_stand_ins() -> None:
+    sender, stub = make_sender()
+    stub.refuse = 20_000
+    source = SOURCE.model_copy(update={"pos": 1000, "table": "*"})
+    ddl = DdlEvent(event_id="1:b.7:1000:ddl", source=source, query="ALTER TABLE t " + "C" * 30_000, ts_ms=1)
+    sender.send(ddl)
+    letter = dead_letter("bad row", b"r" * 30_000, stage="connector")
+    sender.send(letter)
+    update = b'{"model": "clip", "padding": "' + b"p" * 30_000 + b'"}'
+    sender.send(ModelUpdateMessage(b"clip", update))
+    (ddl_topic, ddl_key, ddl_value), (letter_topic, _, letter_value), (update_topic, _, update_value) = (
+        stub.sent
+    )
+    cut = decode(ddl_value)
+    assert (ddl_topic, ddl_key) == (KAFKA.change_topic, b"ddl/shop")
+    assert isinstance(cut, DdlEvent) and cut.event_id == ddl.event_id and "cut, 30014 chars" in cut.query
+    stripped = DeadLetter.model_validate_json(letter_value)
+    assert letter_topic == KAFKA.dead_letter_topic and stripped.reason == "bad row" and stripped.truncated
+    assert stripped.original_b64 == "" and stripped.original_size == 30_000
+    instead = DeadLetter.model_validate_json(update_value)
+    assert update_topic == KAFKA.dead_letter_topic and instead.stage == "model-registry"
+    assert instead.original_size == len(update)
+    assert instead.original_sha256 == hashlib.sha256(update).hexdigest()
+    assert sender.tracker.outstanding == 3, "each stand-in acknowledges its original"
+
+
+def _reachable(start: object, depth: int) -> list[object]:
+    """Objects reachable from ``start`` in at most ``depth`` references (modules and classes not
+    followed)."""
+    seen: dict[int, object] = {}
+    level = [start]
+    for _ in range(depth):
+        following = []
+        for obj in level:
+            for ref in gc.get_referents(obj):
+                if id(ref) not in seen and not isinstance(ref, types.ModuleType | type):
+                    seen[id(ref)] = ref
+                    following.append(ref)
+        level = following
+    return list(seen.values())
+
+
+def test_what_waits_for_kafka_holds_no_item() -> None:
+    """Kafka's report of a message comes milliseconds later, and thousands wait at a time: what the
+    producer holds until then refers to the event number and the topic, not to the item (its images,
+    which the garbage collector would walk again and again)."""
+    sender, stub = make_sender()
+    event = change("x" * 100)
+    sender.send(event)
+    held = [stub.callbacks[0], stub.refusals[0]]
+    assert not any(obj is event for obj in _reachable(held, 6))
+    assert not any(obj is event.after for obj in _reachable(held, 6))
 
 
 def test_a_refused_item_without_a_stand_in_says_what_to_raise() -> None:

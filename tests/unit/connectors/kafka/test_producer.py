@@ -49,34 +49,38 @@ def test_librdkafka_refusal_calls_on_too_large_instead_of_raising(producer: Chan
         b"key",
         b"v" * LIMIT,
         lambda: calls.append("delivered"),
-        on_too_large=lambda: calls.append("too large"),
+        on_too_large=lambda key, value: calls.append(f"too large: {key!r}, {len(value)} bytes"),
     )
-    assert calls == ["too large"]
+    assert calls == [f"too large: b'key', {LIMIT} bytes"]
     producer.raise_if_failed()  # no failure kept
 
 
 def test_broker_refusal_queues_the_stand_in_and_lowers_the_limit(producer: ChangeProducer) -> None:
     calls: list[str] = []
     producer.on_delivery_error(
-        KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), "t", 70_000, lambda: calls.append("stand-in")
+        KafkaError(KafkaError.MSG_SIZE_TOO_LARGE),
+        "t",
+        b"key",
+        b"v" * 69_997,
+        lambda key, value: calls.append(f"stand-in for {key!r}, {len(value)} bytes"),
     )
     assert calls == [], "the stand-in is produced on the caller's thread, not the poll thread"
     assert producer.limit.max_bytes == 69_999
     producer.raise_if_failed()
-    assert calls == ["stand-in"]
+    assert calls == ["stand-in for b'key', 69997 bytes"]
 
 
 def test_other_delivery_errors_fail_the_session_and_purges_do_not(producer: ChangeProducer) -> None:
-    producer.on_delivery_error(KafkaError(KafkaError._PURGE_QUEUE), "t", 10, None)
+    producer.on_delivery_error(KafkaError(KafkaError._PURGE_QUEUE), "t", b"k", b"v", None)
     producer.raise_if_failed()
-    producer.on_delivery_error(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), "t", 10, None)
+    producer.on_delivery_error(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), "t", b"k", b"v", None)
     with pytest.raises(DeliveryError, match=r"event for 't'"):
         producer.raise_if_failed()
 
 
 @pytest.mark.parametrize("code", [KafkaError._UNKNOWN_PARTITION, KafkaError.UNKNOWN_TOPIC_OR_PART])
 def test_an_event_for_a_topic_the_broker_no_longer_has_says_so(producer: ChangeProducer, code: int) -> None:
-    producer.on_delivery_error(KafkaError(code), "t", 10, None)
+    producer.on_delivery_error(KafkaError(code), "t", b"k", b"v", None)
     with pytest.raises(DeliveryError, match=r"no longer has topic 't' \(a broker that lost its data"):
         producer.raise_if_failed()
 
@@ -84,7 +88,7 @@ def test_an_event_for_a_topic_the_broker_no_longer_has_says_so(producer: ChangeP
 def test_a_delivery_refused_for_want_of_authorization_is_a_configuration_error(
     producer: ChangeProducer,
 ) -> None:
-    producer.on_delivery_error(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED), "t", 10, None)
+    producer.on_delivery_error(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED), "t", b"k", b"v", None)
     with pytest.raises(ConfigurationError, match="refused an event for 't'"):
         producer.raise_if_failed()
 
@@ -111,7 +115,7 @@ def test_an_unreachable_broker_with_nothing_waiting_is_no_failure(producer: Chan
 
 def test_the_first_failure_is_the_one_raised(producer: ChangeProducer) -> None:
     producer.on_client_error(KafkaError(KafkaError.UNKNOWN_PRODUCER_ID, fatal=True))
-    producer.on_delivery_error(KafkaError(KafkaError._MSG_TIMED_OUT), "t", 10, None)
+    producer.on_delivery_error(KafkaError(KafkaError._MSG_TIMED_OUT), "t", b"k", b"v", None)
     with pytest.raises(DeliveryError, match="for good"):
         producer.raise_if_failed()
 
@@ -120,7 +124,7 @@ def _purged_report_thread(producer: ChangeProducer, serve: bool) -> str:
     """Which thread serves the delivery report of a message purged from the queue."""
     threads: list[str] = []
 
-    def on_error(err: KafkaError, topic: str, size: int, on_too_large: object) -> None:
+    def on_error(err: KafkaError, topic: str, key: bytes, value: bytes, on_too_large: object) -> None:
         threads.append(threading.current_thread().name)
 
     producer.on_delivery_error = on_error  # type: ignore[method-assign]
@@ -168,7 +172,7 @@ class _Delivered:
 
 
 def _deliver(producer: ChangeProducer, partition: int, offset: int) -> None:
-    producer._delivered("t", 10, lambda: None, None)(None, _Delivered(partition, offset))  # type: ignore[arg-type]
+    producer._report("t", lambda: None, None, None, _Delivered(partition, offset))  # type: ignore[arg-type]
 
 
 def test_offsets_that_go_up_are_the_acknowledged_ends(producer: ChangeProducer) -> None:
