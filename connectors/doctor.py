@@ -15,6 +15,7 @@ import pymysql
 from connectors.binlog.positions import ACCEPT_GAP_HINT, position_problem
 from connectors.checkpoint import BinlogPosition, CheckpointError, CheckpointStore
 from connectors.exceptions import ConfigurationError, DatabaseUnavailableError, retry_cause
+from connectors.mysql import Connection
 from connectors.settings import MySQLSettings
 from connectors.snapshot.signals import SignalTable
 
@@ -43,7 +44,7 @@ def connect(settings: MySQLSettings) -> pymysql.connections.Connection:
     :class:`ConfigurationError`.
     """
     try:
-        return pymysql.connect(**settings.connection_kwargs(), autocommit=True)
+        return Connection(**settings.connection_kwargs(), autocommit=True)
     except pymysql.err.OperationalError as exc:
         message = (
             f"cannot connect to MySQL at {settings.host}:{settings.port} as {settings.user!r}: "

@@ -22,8 +22,9 @@ import select
 import ssl
 from typing import Any
 
-from pymysql.connections import Connection
 from pymysql.protocol import MysqlPacket
+
+from connectors.mysql import Connection
 
 TABLE_MAP_EVENT = 19
 """The binlog event type of a table map (``TABLE_MAP_EVENT`` in MySQL's and MariaDB's ``log_event.h``)."""

@@ -169,12 +169,12 @@ class LocalMariaDB(LocalService):
 
         The caller closes it.
         """
-        import pymysql
+        from connectors.mysql import Connection
 
         tls: dict[str, object] = {}
         if self.tls is not None and not admin:  # the account is REQUIRE SSL
             tls = {"ssl_ca": str(self.tls.ca), "ssl_verify_cert": True}
-        return pymysql.connect(
+        return Connection(
             host=HOST,
             port=self.port,
             user=self.admin_user if admin else self.user,

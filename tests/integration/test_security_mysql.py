@@ -21,6 +21,7 @@ from connectors.checkpoint import BinlogPosition
 from connectors.database import binlog_position, column_types, read_rows
 from connectors.doctor import require_ready
 from connectors.exceptions import ConfigurationError
+from connectors.mysql import connect
 from connectors.settings import MySQLSettings
 from connectors.tls import TlsVerificationError
 from pipeline.embedded import LocalMariaDB
@@ -104,6 +105,27 @@ def test_the_binlog_streams_over_tls(server: _Server) -> None:
     finally:
         source.close()
     assert [(c.op, (c.after or {}).get("v")) for c in changes] == [("c", "two")]
+
+
+def test_the_default_mode_negotiates_tls_with_one_shared_context(server: _Server) -> None:
+    """No TLS settings: pymysql's preferred mode (TLS when the server offers it, nothing verified). The
+    account is REQUIRE SSL, so every read that works went over TLS; every connection of the process
+    shares one SSL context (connectors.mysql)."""
+    settings = server.settings(ssl_ca=None)
+    assert settings.effective_ssl_mode == "preferred"
+    first, second = connect(**settings.connection_kwargs()), connect(**settings.connection_kwargs())
+    try:
+        assert first.ctx is second.ctx
+        for conn in (first, second):
+            with conn.cursor() as cur:
+                cur.execute("SHOW SESSION STATUS LIKE 'Ssl_version'")
+                row = cur.fetchone()
+            assert row is not None and str(row[1]).startswith("TLSv1.")
+    finally:
+        first.close()
+        second.close()
+    assert read_rows(settings, server.database, "t", ["id"], [[1]]) == [{"id": 1, "v": "one"}]
+    require_ready(settings)
 
 
 def test_without_tls_the_account_refuses(server: _Server) -> None:

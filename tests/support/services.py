@@ -18,6 +18,7 @@ import pytest
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode
 
+from connectors.mysql import Connection
 from pipeline.embedded import LocalKafka, LocalMariaDB, LocalRedis, MissingBinaryError, ServiceStartError
 from tests.support.redis_cluster import LocalRedisCluster
 
@@ -44,7 +45,7 @@ class MySQLService:
 
     def connect(self, database: str | None = None) -> pymysql.connections.Connection:
         """An autocommit connection with the admin account."""
-        return pymysql.connect(
+        return Connection(
             host=self.host,
             port=self.port,
             user=self.admin_user,

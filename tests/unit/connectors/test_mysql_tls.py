@@ -9,9 +9,11 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import pymysql.connections
 import pytest
 from pydantic import ValidationError
 
+from connectors.mysql import Connection
 from connectors.settings import MySQLSettings
 from connectors.tls import MySQLClientContext, TlsVerificationError
 from pipeline.embedded.tls import TlsFiles
@@ -141,3 +143,28 @@ def test_another_hosts_certificate_names_the_host_and_mode(ca: CertificateAuthor
         assert "FRESHKEY_MYSQL_HOST" in message and "FRESHKEY_MYSQL_SSL_MODE=verify-ca" in message
         # verify-ca accepts it: the CA is right, only the name differs.
         _handshake(MySQLSettings(port=port, ssl_ca=ca.cert_path, ssl_mode="verify-ca"), port)
+
+
+def test_the_preferred_mode_shares_one_context_made_as_pymysql_makes_it() -> None:
+    """connectors.mysql: without TLS settings pymysql asks for a context with no options for every
+    connection (21-23 ms of CPU each, the system's CAs loaded to verify nothing); freshkey's connection
+    makes it once, the way pymysql does, and shares it. Any other request is pymysql's own."""
+    ours = Connection.__new__(Connection)
+    made = ours._create_ssl_ctx({})
+    assert Connection.__new__(Connection)._create_ssl_ctx({}) is made
+    plain = pymysql.connections.Connection.__new__(pymysql.connections.Connection)
+    theirs = plain._create_ssl_ctx({})
+    assert plain._create_ssl_ctx({}) is not theirs, "pymysql makes one per connection"
+    assert (made.verify_mode, made.check_hostname, made.options, made.verify_flags, made.minimum_version) == (
+        theirs.verify_mode,
+        theirs.check_hostname,
+        theirs.options,
+        theirs.verify_flags,
+        theirs.minimum_version,
+    )
+    assert made.verify_mode == ssl.CERT_NONE and not made.check_hostname
+    verifying = {"verify_mode": True}
+    assert ours._create_ssl_ctx(verifying) is not ours._create_ssl_ctx(verifying)
+    assert ours._create_ssl_ctx(verifying).verify_mode == ssl.CERT_REQUIRED
+    given = ssl.create_default_context()
+    assert ours._create_ssl_ctx(given) is given
