@@ -9,7 +9,7 @@ from typing import Any
 import pymysql
 import pymysql.cursors
 
-from connectors.mysql import connect
+from connectors.mysql import Connection
 from connectors.settings import MySQLSettings
 from schemas import row_to_json
 from schemas.values import (
@@ -30,7 +30,7 @@ def quote_identifier(identifier: str) -> str:
 def read_table(settings: MySQLSettings, database: str, table: str) -> Iterator[dict[str, Any]]:
     """Stream every row of a table (server-side cursor), converted like binlog rows (one mapping per
     column type, ``schemas.values``)."""
-    conn = connect(
+    conn = Connection(
         **settings.connection_kwargs(),
         cursorclass=pymysql.cursors.SSDictCursor,
         init_command=_UTC_SESSION,
@@ -63,7 +63,7 @@ def select_list(types: Mapping[str, ColumnType]) -> str:
 def column_types(settings: MySQLSettings, database: str, table: str) -> dict[str, ColumnType]:
     """The table's columns and their types, in order (information_schema; MariaDB's JSON columns found
     by their ``JSON_VALID`` check); empty when the table does not exist."""
-    conn = connect(**settings.connection_kwargs(), cursorclass=pymysql.cursors.DictCursor)
+    conn = Connection(**settings.connection_kwargs(), cursorclass=pymysql.cursors.DictCursor)
     try:
         with conn.cursor() as cur:
             return _column_types(cur, database, table)
@@ -72,7 +72,7 @@ def column_types(settings: MySQLSettings, database: str, table: str) -> dict[str
 
 
 def _names(settings: MySQLSettings, query: str, database: str, table: str) -> tuple[str, ...]:
-    conn = connect(**settings.connection_kwargs())
+    conn = Connection(**settings.connection_kwargs())
     try:
         with conn.cursor() as cur:
             cur.execute(query, (database, table))
@@ -148,7 +148,7 @@ def read_rows(
         raise ValueError("read_rows needs the key columns")
     if any(len(key) != len(key_columns) for key in keys):
         raise ValueError(f"every key needs {len(key_columns)} values ({', '.join(key_columns)})")
-    conn = connect(
+    conn = Connection(
         **settings.connection_kwargs(), cursorclass=pymysql.cursors.DictCursor, init_command=_UTC_SESSION
     )
     columns = ", ".join(quote_identifier(c) for c in key_columns)
@@ -232,7 +232,7 @@ def binlog_position(settings: MySQLSettings) -> BinlogPosition | None:
     Every change committed before this call ends at or before ``pos`` of ``file``, and every later one
     after it. ``SHOW MASTER STATUS`` on MariaDB and MySQL before 8.4, ``SHOW BINARY LOG STATUS`` after.
     """
-    conn = connect(**settings.connection_kwargs())
+    conn = Connection(**settings.connection_kwargs())
     try:
         with conn.cursor() as cur:
             status: tuple[Any, ...] | None = None

@@ -41,7 +41,7 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from connectors.exceptions import ConfigurationError
-from connectors.mysql import connect
+from connectors.mysql import Connection
 from connectors.settings import MySQLSettings
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ class HeartbeatProber:
                 kwargs["user"] = self.settings.user
             if self.settings.password is not None:
                 kwargs["password"] = self.settings.password.get_secret_value()
-            self._conn = connect(**kwargs, autocommit=True)
+            self._conn = Connection(**kwargs, autocommit=True)
         return self._conn
 
     def _close(self) -> None:

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Protocol
 
+from pydantic import ValidationError
+
 from connectors.checkpoint import CheckpointTracker
 from connectors.encoding import MessageKeys, encode_change
 from connectors.exceptions import ConfigurationError
@@ -32,7 +34,7 @@ from connectors.kafka.settings import KafkaSettings
 from connectors.metrics import ConnectorMetrics, ConnectorStats
 from connectors.registry import RegistryRowError, update_from_row
 from schemas import ChangeEvent, DdlEvent, DeadLetter, FenceEvent, decode, encode
-from schemas.codec import dead_letter
+from schemas.codec import DecodeError, dead_letter
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +155,13 @@ class Sender:
         (what :meth:`message` wrote, decoded the worker's way): a change's key is ints and strings, so
         its stand-in has the same message key, and goes to the same partition."""
         size = len(key) + len(value)
-        smaller = self.stand_in(self._item_of(topic, key, value), size)
+        try:
+            smaller = self.stand_in(self._item_of(topic, key, value), size)
+        except (DecodeError, ValidationError) as exc:  # what message() wrote always reads back
+            raise ConfigurationError(
+                f"a {size}-byte message for {topic!r} is too large for Kafka, and reading it back for its "
+                f"stand-in failed ({exc}); raise the broker's max.message.bytes"
+            ) from exc
         if smaller is None:
             raise ConfigurationError(
                 f"a {size}-byte message for {topic!r} is too large for Kafka and cannot be made smaller; "

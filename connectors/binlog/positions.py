@@ -24,7 +24,7 @@ from connectors.exceptions import (
     DatabaseUnavailableError,
     retry_cause,
 )
-from connectors.mysql import connect
+from connectors.mysql import Connection
 from connectors.settings import MySQLSettings
 
 log = logging.getLogger(__name__)
@@ -120,7 +120,7 @@ def refusal_error(
 
 def _connect(settings: MySQLSettings) -> pymysql.connections.Connection:
     try:
-        return connect(**settings.connection_kwargs())
+        return Connection(**settings.connection_kwargs())
     except pymysql.err.OperationalError as exc:
         if retry_cause(exc) == "database":
             raise DatabaseUnavailableError(

@@ -17,7 +17,7 @@ from typing import Any
 import pymysql
 
 from connectors.database import column_types, primary_key, quote_identifier, select_list
-from connectors.mysql import connect
+from connectors.mysql import Connection
 from connectors.settings import MySQLSettings
 from schemas import row_to_json
 from schemas.values import ColumnType, json_to_sql
@@ -71,7 +71,7 @@ class ChunkReader:
     @property
     def conn(self) -> pymysql.connections.Connection:
         if self._conn is None:
-            self._conn = connect(
+            self._conn = Connection(
                 **self.settings.connection_kwargs(), autocommit=True, init_command=_UTC_SESSION
             )
         return self._conn

@@ -21,7 +21,7 @@ from connectors.checkpoint import BinlogPosition
 from connectors.database import binlog_position, column_types, read_rows
 from connectors.doctor import require_ready
 from connectors.exceptions import ConfigurationError
-from connectors.mysql import connect
+from connectors.mysql import Connection
 from connectors.settings import MySQLSettings
 from connectors.tls import TlsVerificationError
 from pipeline.embedded import LocalMariaDB
@@ -113,7 +113,7 @@ def test_the_default_mode_negotiates_tls_with_one_shared_context(server: _Server
     shares one SSL context (connectors.mysql)."""
     settings = server.settings(ssl_ca=None)
     assert settings.effective_ssl_mode == "preferred"
-    first, second = connect(**settings.connection_kwargs()), connect(**settings.connection_kwargs())
+    first, second = Connection(**settings.connection_kwargs()), Connection(**settings.connection_kwargs())
     try:
         assert first.ctx is second.ctx
         for conn in (first, second):

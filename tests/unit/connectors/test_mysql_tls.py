@@ -147,7 +147,7 @@ def test_another_hosts_certificate_names_the_host_and_mode(ca: CertificateAuthor
 
 def test_the_preferred_mode_shares_one_context_made_as_pymysql_makes_it() -> None:
     """connectors.mysql: without TLS settings pymysql asks for a context with no options for every
-    connection (21-23 ms of CPU each, the system's CAs loaded to verify nothing); freshkey's connection
+    connection (21-29 ms of CPU each here, the system's CAs loaded to verify nothing); freshkey's connection
     makes it once, the way pymysql does, and shares it. Any other request is pymysql's own."""
     ours = Connection.__new__(Connection)
     made = ours._create_ssl_ctx({})

@@ -276,6 +276,9 @@ def test_a_refused_item_without_a_stand_in_says_what_to_raise() -> None:
     stub.refuse = 100  # even an invalidation is over the broker's limit
     with pytest.raises(ConfigurationError, match=r"max\.message\.bytes"):
         sender.send(change("z" * 1000))
+    seq = sender.tracker.produced()
+    with pytest.raises(ConfigurationError, match=r"reading it back .* failed .*max\.message\.bytes"):
+        sender._refused(KAFKA.change_topic, seq, b"k", b"not what the sender wrote")
 
 
 def test_a_huge_ddl_is_cut_and_a_huge_dead_letter_loses_its_original() -> None:
