@@ -7,14 +7,18 @@ import asyncio
 import logging
 import math
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
-from connectors.exceptions import ConfigurationError
-from connectors.kafka.topics import ensure_topics
+from connectors.exceptions import ConfigurationError, ConnectorError
+from connectors.kafka.topics import TopicRestorer, TopicSpec
 from pipeline.context import Worker
 from pipeline.observe.sla import SlaViolation
 
 log = logging.getLogger(__name__)
+
+VIOLATIONS_TOPIC_RETRY_S = 3.0
+"""How soon the worker asks again for the violations topic when the broker did not answer."""
 
 TICK_AFTER_S = 0.005
 """How long after a multiple of the evaluation interval the SLA is evaluated."""
@@ -30,6 +34,40 @@ def until_next_tick(now: float, interval_s: float) -> float:
     return (math.floor(now / interval_s) + 1) * interval_s + TICK_AFTER_S - now
 
 
+class _Restorer(Protocol):
+    def restore(
+        self, wanted: Mapping[str, TopicSpec], *, timeout_s: float = ...
+    ) -> tuple[list[str], list[str]]: ...
+
+
+async def create_violations_topic(
+    restorer: _Restorer, topic: str, partitions: int, ready: asyncio.Event
+) -> None:
+    """Create the SLA violations topic ``topic`` when the broker lacks it, then set ``ready``; asked again
+    while the broker does not answer (violations wait in memory meanwhile), given up on a refusal, said
+    why.
+
+    This topic only: the change topic is the connector's to create. A worker that asked for it here while
+    a broker that lost its data came back created it, unseen by the connector."""
+    wanted = {topic: TopicSpec(partitions)}
+    while True:
+        try:
+            await asyncio.to_thread(restorer.restore, wanted, timeout_s=30.0)
+        except ConfigurationError as exc:
+            log.error("SLA violations will not be published: %s", exc)
+            return
+        except ConnectorError as exc:
+            log.warning(
+                "the SLA violations topic is not ready yet (asked again in %.0f s): %s",
+                VIOLATIONS_TOPIC_RETRY_S,
+                exc,
+            )
+            await asyncio.sleep(VIOLATIONS_TOPIC_RETRY_S)
+            continue
+        ready.set()
+        return
+
+
 def install(w: Worker) -> None:
     app, settings = w.app, w.settings
     change_topic = settings.kafka.change_topic
@@ -37,13 +75,13 @@ def install(w: Worker) -> None:
     pending: list[SlaViolation] = []
 
     @app.task
-    async def create_violations_topic() -> None:
-        try:
-            await asyncio.to_thread(ensure_topics, settings.kafka, [settings.sla.violations_topic])
-        except ConfigurationError as exc:
-            log.error("SLA violations will not be published: %s", exc)
-            return
-        violations_ready.set()
+    async def create_violations_topic_task() -> None:
+        await create_violations_topic(
+            TopicRestorer(settings.kafka),
+            settings.sla.violations_topic,
+            settings.kafka.partitions,
+            violations_ready,
+        )
 
     @app.task
     async def evaluate_sla_every_interval() -> None:

@@ -3,14 +3,17 @@ recreates and how, and what it says about the topics it reads but does not own."
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from connectors.exceptions import ConfigurationError, KafkaUnavailableError
 from connectors.kafka.settings import KafkaSettings
 from connectors.kafka.topics import TopicSpec
+from pipeline.agents import sla
 from pipeline.agents.broker_topics import TopicKeeper, owned_topics
 from pipeline.faust_app import FreshkeyApp
 from pipeline.settings import SlaSettings
@@ -67,3 +70,44 @@ def test_recreated_topics_are_counted_and_a_missing_input_is_said_once_per_disap
     ]
     keeper.saw([], ["dl", "hot"])  # and it went away again: said again
     assert events[-1] == "input_topic_missing" and events.count("input_topic_missing") == 2
+
+
+class _Restorer:
+    """Stands in for the broker's admin API: answers as told, records what it was asked to create."""
+
+    def __init__(self, *answers: Exception | None) -> None:
+        self.answers = list(answers)
+        self.asked: list[dict[str, TopicSpec]] = []
+
+    def restore(self, wanted: Any, *, timeout_s: float = 10.0) -> tuple[list[str], list[str]]:
+        self.asked.append(dict(wanted))
+        answer = self.answers.pop(0)
+        if answer is not None:
+            raise answer
+        return sorted(wanted), sorted(wanted)
+
+
+def test_the_sla_task_asks_for_its_violations_topic_only_and_again_while_the_broker_is_away(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before, the task asked for the change and dead-letter topics as well: a worker whose task ran while
+    a broker that lost its data came back created the change topic (tests/integration/test_broker_loss.py
+    caught it in 5 of 16 runs); and a broker away for longer than one ask ended the task for good, every
+    later violation unpublished."""
+    monkeypatch.setattr(sla, "VIOLATIONS_TOPIC_RETRY_S", 0.0)
+    restorer = _Restorer(KafkaUnavailableError("Kafka at x does not answer"), None)
+    ready = asyncio.Event()
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(sla.create_violations_topic(restorer, "v", 5, ready))
+    assert ready.is_set()
+    assert restorer.asked == [{"v": TopicSpec(5)}, {"v": TopicSpec(5)}]
+    assert "not ready yet" in caplog.text
+
+
+def test_the_sla_task_gives_up_on_a_refusal_and_says_why(caplog: pytest.LogCaptureFixture) -> None:
+    restorer = _Restorer(ConfigurationError("cannot create topic 'v': POLICY_VIOLATION"))
+    ready = asyncio.Event()
+    with caplog.at_level(logging.ERROR):
+        asyncio.run(sla.create_violations_topic(restorer, "v", 5, ready))
+    assert not ready.is_set()
+    assert "SLA violations will not be published: cannot create topic 'v'" in caplog.text
