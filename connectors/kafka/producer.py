@@ -21,7 +21,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
@@ -79,6 +79,7 @@ class ChangeProducer:
         delivery_timeout_s: float = 120.0,
         limit: MessageLimit | None = None,
         acknowledged: Mapping[tuple[str, int], int] | None = None,
+        watch: Iterable[str] = (),
     ) -> None:
         self._bootstrap = settings.bootstrap
         self.limit = limit if limit is not None else MessageLimit(settings.max_message_bytes)
@@ -101,6 +102,8 @@ class ChangeProducer:
         self._last_error = ""
         self._progress_at = time.monotonic()  # last acknowledgement, or when events started to wait
         self._topic_check = TopicCheck()
+        for topic in watch:  # looked at from the start, as the topics produced to are once sent to
+            self._topic_check.sent(topic)
         self._ends: dict[tuple[str, int], int] = {}
         self._acked: dict[tuple[str, int], AckedOffsets] = {}
         self._floors = dict(acknowledged or {})
@@ -132,13 +135,17 @@ class ChangeProducer:
             self._stop.wait(0.05)
 
     def _check_topics(self) -> None:
-        """Events waited with no acknowledgement: end the session when the broker says a topic they wait
-        for is gone (:mod:`connectors.kafka.topic_check`). A broker that does not answer is left to
-        :data:`UNREACHABLE_AFTER_S`; one that has the topics, to the delivery timeout."""
+        """End the session when the broker says a topic is gone (:mod:`connectors.kafka.topic_check`):
+        asked once events waited with no acknowledgement, and now and then while none waits (a topic
+        sent to or watched). A broker that does not answer is left to :data:`UNREACHABLE_AFTER_S`; one
+        that has the topics, to the delivery timeout."""
         now = time.monotonic()
-        if self._failure is not None or not self._topic_check.due(now, self._progress_at):
+        if self._failure is not None:
             return
-        if len(self._producer) == 0:
+        waiting = len(self._producer) > 0
+        if not (
+            self._topic_check.due(now, self._progress_at) if waiting else self._topic_check.idle_due(now)
+        ):
             return
         try:
             gone = self._topic_check.gone(self._producer)
@@ -147,7 +154,8 @@ class ChangeProducer:
             return
         if gone is not None:
             topic, why = gone
-            self._fail(self._topic_gone(topic, f"{why}; events waited {now - self._progress_at:.1f} s"))
+            waited = f"events waited {now - self._progress_at:.1f} s" if waiting else "no event waiting"
+            self._fail(self._topic_gone(topic, f"{why}; {waited}"))
 
     def _topic_gone(self, topic: str, detail: str) -> DeliveryError:
         return DeliveryError(

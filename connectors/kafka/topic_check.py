@@ -1,6 +1,7 @@
 """Whether the topics that events wait for still exist, asked of the broker rather than left to
 librdkafka: what :class:`~connectors.kafka.producer.ChangeProducer`'s delivery thread does once events
-have waited :data:`TOPIC_GONE_AFTER_S` without any acknowledgement.
+have waited :data:`TOPIC_GONE_AFTER_S` without any acknowledgement, and every
+:data:`TOPIC_WATCH_EVERY_S` while none waits.
 
 A connector once kept an event for more than 25 s after the broker came back empty (the session would
 have ended only at the delivery timeout, every change since stale with nothing fenced); librdkafka did
@@ -27,6 +28,11 @@ the waiting event failed 31.5 s after the broker came back with librdkafka's def
 TOPIC_CHECK_EVERY_S = 2.0
 """How often the broker is asked while events wait, counted from the end of the last check, so that a
 broker slow to answer leaves the delivery thread time to serve reports and client errors."""
+TOPIC_WATCH_EVERY_S = 5.0
+"""How often the broker is asked while no event waits: a broker that came back without its data while
+the connector had nothing to send ends the session within about this long (the next recreates the change
+topic and fences), instead of at the next change of a bound table, which may be hours away while the
+events the broker lost stay unapplied and their rows stale. One metadata request per topic."""
 TOPIC_CHECK_TIMEOUT_S = 1.0
 """Longest one metadata request of a check waits; no answer leaves it to the next check (and an
 unreachable broker to the producer's own bound)."""
@@ -53,6 +59,10 @@ class TopicCheck:
         """True when events waited :data:`TOPIC_GONE_AFTER_S` unacknowledged and the last check ended
         :data:`TOPIC_CHECK_EVERY_S` ago."""
         return now - waiting_since >= TOPIC_GONE_AFTER_S and now - self._checked_at >= TOPIC_CHECK_EVERY_S
+
+    def idle_due(self, now: float) -> bool:
+        """True when no event waits and the last check ended :data:`TOPIC_WATCH_EVERY_S` ago."""
+        return now - self._checked_at >= TOPIC_WATCH_EVERY_S
 
     def gone(self, client: Producer) -> tuple[str, str] | None:
         """The first topic sent to that the broker says it does not have, and its answer; None when it

@@ -2,7 +2,8 @@
 default partition count, 4 on Tansu, made the connector refuse the change topic and stop), it recreates
 its own topics as they were, and it waits for the connector to recreate the change topic. The connector
 ends a session whose events wait for a topic the broker no longer has within seconds, then recreates it
-and fences.
+and fences; an idle connector too (its producer looks for the change topic every 5 s while nothing
+waits), instead of at the next change of a bound table.
 
 Real servers: a private Tansu broker (memory storage: a restart loses every topic), the session's MariaDB
 and Redis, a connector and a worker as child processes.
@@ -37,6 +38,7 @@ from connectors.kafka.producer import ChangeProducer
 from connectors.kafka.settings import KafkaSettings
 from pipeline.agents.broker_topics import forbid_topic_auto_creation
 from pipeline.embedded import LocalKafka
+from tests.support.kafka import create_topics
 from tests.support.pipeline import Pipeline
 from tests.support.services import MySQLService, running
 
@@ -106,7 +108,7 @@ def test_after_a_broker_lost_its_data_the_worker_recreates_its_topics_and_the_pi
         assert own | {p.change_topic} <= set(before), before
 
         private_kafka.halt()
-        private_kafka.resume()  # no topic left; the connector is idle, so it has not noticed
+        private_kafka.resume()  # no topic left, and the connector has nothing to send
         started = time.monotonic()
         wanted = {t: n for t, n in before.items() if t != p.change_topic}
         p.wait(
@@ -115,21 +117,23 @@ def test_after_a_broker_lost_its_data_the_worker_recreates_its_topics_and_the_pi
             lambda: f"the worker's topics as they were: {wanted}, now {partitions(private_kafka.bootstrap)}",
         )
         recreated_s = time.monotonic() - started
-        time.sleep(2)  # the worker's consumer keeps asking for the change topic meanwhile
-        assert p.change_topic not in partitions(private_kafka.bootstrap), "auto-created by the worker"
-        said = f"topic '{p.change_topic}' is missing on the broker"
-        p.wait(lambda: said in p.logs(), 10, "the worker to say so")
         stats = p.stats()
         assert stats is not None and stats["events"].get("topic_recreated", 0) >= len(own)
-        print(f"\nthe worker's {len(wanted)} topics back after {recreated_s:.1f} s")
+        # With no change to send, the connector's producer looks for the change topic every 5 s
+        # (TOPIC_WATCH_EVERY_S): the session ends, the next recreates the topic and fences. The reason
+        # says the connector found it missing: no one else (the worker) had created it by then.
+        p.wait(lambda: "fenced 1 namespace(s)" in p.logs(), 20, "the idle connector's fence")
+        fenced_s = time.monotonic() - started
+        assert "was missing and has been recreated" in " ".join(p.logs().split())  # lines wrapped by rich
+        assert partitions(private_kafka.bootstrap)[p.change_topic] == 3
+        print(
+            f"\nthe worker's {len(wanted)} topics back after {recreated_s:.1f} s, the fence {fenced_s:.1f} s"
+        )
 
-        # A worker that starts now creates the change topic with the configured count (at its start it
-        # cannot tell a lost topic from one not created yet); the connector's next event goes to a topic
-        # that ends below the offsets Kafka had acknowledged: its next session finds that and fences.
+        # A worker that starts now finds the change topic and reads the changes since.
         p.kill9("worker")
         p.start("worker")
         p.sql(ROW, (2, "after"))
-        p.wait(lambda: "fenced 1 namespace(s)" in p.logs(), 60, "the connector's fence")
         p.wait_consistent()
         assert partitions(private_kafka.bootstrap)[p.change_topic] == 3
         assert p.procs["connector"].poll() is None and p.procs["worker"].poll() is None
@@ -223,3 +227,47 @@ def test_events_waiting_for_a_missing_topic_end_the_session_once_the_broker_says
     assert "events waited" in why  # said by the check
     assert took < 3.0, f"the event waited {took:.1f} s for a topic the broker does not have"
     assert alone >= 3.0 and "events waited" not in why_alone, "the control does not need the check"
+
+
+def _idle_failure(server: LocalKafka, monkeypatch: pytest.MonkeyPatch, *, watch: bool) -> tuple[float, str]:
+    """A producer that sent one event (acknowledged) and then nothing; the broker restarts empty. How long
+    after it is back until the session fails, and why ("" when it did not within 4 s)."""
+    topic = f"idle-{uuid.uuid4().hex[:8]}"
+    create_topics(server.bootstrap, {topic: 3})
+    producer = ChangeProducer(KafkaSettings(bootstrap=server.bootstrap), linger_ms=0, watch=[topic])
+    with monkeypatch.context() as patch:
+        patch.setattr(topic_check, "TOPIC_WATCH_EVERY_S", 0.5 if watch else 3600.0)
+        try:
+            acked: list[int] = []
+            producer.produce(topic, b"k", b"v", lambda: acked.append(1))
+            assert producer.flush(10) == 0 and acked == [1]
+            server.halt()
+            server.resume()
+            back = time.monotonic()
+            why = ""
+            while not why and time.monotonic() - back < 4:
+                try:
+                    producer.raise_if_failed()
+                except ConnectorError as exc:
+                    why = str(exc)
+                time.sleep(0.05)
+            assert topic not in partitions(server.bootstrap), "asking must not create it"
+            return time.monotonic() - back, why
+        finally:
+            producer.close(0.5, purge=True)
+
+
+def test_an_idle_producer_ends_its_session_once_the_broker_came_back_without_its_topic(
+    private_kafka: LocalKafka, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing waits, so neither librdkafka nor the check of waiting events notices a lost topic: before
+    the watch, an idle connector went on until the next change of a bound table, the events the broker
+    lost unapplied and nothing fenced. With the watch (every 0.5 s here, TOPIC_WATCH_EVERY_S = 5 s in
+    production) the session fails within a second or two of the broker's return. Negative control: the
+    same producer without the watch has not failed 4 s after the broker is back."""
+    took, why = _idle_failure(private_kafka, monkeypatch, watch=True)
+    print(f"\nwatched: failed {took:.1f} s after the broker was back ({why})")
+    assert "no longer has topic" in why and "no event waiting" in why, why
+    assert took < 3.0
+    _, why_unwatched = _idle_failure(private_kafka, monkeypatch, watch=False)
+    assert why_unwatched == "", f"the control failed without the watch: {why_unwatched}"

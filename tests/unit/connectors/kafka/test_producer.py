@@ -250,6 +250,19 @@ def test_the_topic_check_is_due_once_events_waited_and_the_last_check_ended_long
     assert check.due(now, waiting_since=now - TOPIC_GONE_AFTER_S)
 
 
+def test_with_nothing_waiting_the_topic_check_is_due_every_watch_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(topic_check, "TOPIC_CHECK_TIMEOUT_S", 0.2)
+    check = TopicCheck()
+    assert check.idle_due(time.monotonic()), "looked at from the start"
+    quiet = {"allow.auto.create.topics": False, "log_level": 0}
+    assert check.gone(Producer({"bootstrap.servers": KAFKA.bootstrap, **quiet})) is None  # nothing watched
+    ended = time.monotonic()
+    assert not check.idle_due(ended + topic_check.TOPIC_WATCH_EVERY_S - 0.1)
+    assert check.idle_due(ended + topic_check.TOPIC_WATCH_EVERY_S)
+
+
 def test_the_topic_check_against_a_broker_that_does_not_answer_finds_nothing_and_waits_its_turn(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
