@@ -234,7 +234,7 @@ class ConnectorRun:
             limit=self.limit,
             # Verified against the topic by check_topic: an acknowledgement below them is a loss.
             acknowledged={(self.kafka.change_topic, p): end for p, end in state.topic_ends.items()},
-            watch=[self.kafka.change_topic],  # gone while nothing is sent: the session ends, the next fences
+            watch=topics.ids,  # the change topic gone or created again: the session ends, the next fences
         )
         sender = Sender(self.kafka, self.limit, tracker, producer, stats=self.stats, metrics=self.metrics)
         saver = CheckpointSaver(

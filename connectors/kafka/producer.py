@@ -21,7 +21,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from functools import partial
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
@@ -39,7 +39,8 @@ from connectors.kafka.librdkafka import LIBRDKAFKA_LOGGER
 from connectors.kafka.limit import MessageLimit
 from connectors.kafka.security import librdkafka_config
 from connectors.kafka.settings import LINGER_MS, KafkaSettings
-from connectors.kafka.topic_check import TOPIC_GONE_AFTER_S, TOPIC_GONE_CODES, TopicCheck
+from connectors.kafka.topic_check import TOPIC_GONE_AFTER_S, TOPIC_GONE_CODES, TopicCheck, TopicWatch
+from connectors.kafka.topics import admin_client
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ class ChangeProducer:
         delivery_timeout_s: float = 120.0,
         limit: MessageLimit | None = None,
         acknowledged: Mapping[tuple[str, int], int] | None = None,
-        watch: Iterable[str] = (),
+        watch: Mapping[str, str] | None = None,
     ) -> None:
         self._bootstrap = settings.bootstrap
         self.limit = limit if limit is not None else MessageLimit(settings.max_message_bytes)
@@ -102,8 +103,7 @@ class ChangeProducer:
         self._last_error = ""
         self._progress_at = time.monotonic()  # last acknowledgement, or when events started to wait
         self._topic_check = TopicCheck()
-        for topic in watch:  # looked at from the start, as the topics produced to are once sent to
-            self._topic_check.sent(topic)
+        self._watch = TopicWatch(admin_client(settings) if watch else None, watch or {})
         self._ends: dict[tuple[str, int], int] = {}
         self._acked: dict[tuple[str, int], AckedOffsets] = {}
         self._floors = dict(acknowledged or {})
@@ -136,26 +136,41 @@ class ChangeProducer:
 
     def _check_topics(self) -> None:
         """End the session when the broker says a topic is gone (:mod:`connectors.kafka.topic_check`):
-        asked once events waited with no acknowledgement, and now and then while none waits (a topic
-        sent to or watched). A broker that does not answer is left to :data:`UNREACHABLE_AFTER_S`; one
-        that has the topics, to the delivery timeout."""
+        a watched topic (the change topic) gone or created again, looked at every few seconds; a topic
+        events wait for, asked once they waited with no acknowledgement. A broker that does not answer
+        is left to :data:`UNREACHABLE_AFTER_S`; one that has the topics, to the delivery timeout."""
         now = time.monotonic()
         if self._failure is not None:
             return
-        waiting = len(self._producer) > 0
-        if not (
-            self._topic_check.due(now, self._progress_at) if waiting else self._topic_check.idle_due(now)
-        ):
-            return
         try:
+            if self._watch.due(now):
+                self._changed(self._watch.changed())
+            if self._failure is not None or len(self._producer) == 0:
+                return
+            if not self._topic_check.due(now, self._progress_at):
+                return
             gone = self._topic_check.gone(self._producer)
         except Exception:  # the check must not end the thread that serves the delivery reports
-            log.warning("checking whether the topics events wait for still exist failed", exc_info=True)
+            log.warning("checking whether the topics events go to still exist failed", exc_info=True)
             return
         if gone is not None:
             topic, why = gone
-            waited = f"events waited {now - self._progress_at:.1f} s" if waiting else "no event waiting"
-            self._fail(self._topic_gone(topic, f"{why}; {waited}"))
+            self._fail(self._topic_gone(topic, f"{why}; events waited {now - self._progress_at:.1f} s"))
+
+    def _changed(self, changed: tuple[str, str, bool] | None) -> None:
+        """What the watch found: a topic gone ends the session (the next recreates it and fences); one
+        created again by someone else is a loss, as a rewound partition is (:meth:`_rewound`)."""
+        if changed is None:
+            return
+        topic, why, recreated = changed
+        if not recreated:
+            self._fail(self._topic_gone(topic, why))
+            return
+        reason = (
+            f"Kafka at {self._bootstrap} has topic {topic!r} {why} (a broker that lost its data, or a "
+            "deleted topic, created again by another process): events Kafka acknowledged may be lost"
+        )
+        self._lost(reason)
 
     def _topic_gone(self, topic: str, detail: str) -> DeliveryError:
         return DeliveryError(
@@ -233,6 +248,11 @@ class ChangeProducer:
             f"Kafka acknowledged an event at offset {offset} of {topic!r} partition {partition}, {before}: "
             "events Kafka acknowledged may be lost"
         )
+        self._lost(reason)
+
+    def _lost(self, reason: str) -> None:
+        """Events Kafka acknowledged cannot be vouched for: :attr:`rewound` says why (the connector
+        records a gap, so that the next session fences before producing), and the session ends."""
         if self.rewound is None:
             self.rewound = reason
         self._fail(DeliveryError(reason))

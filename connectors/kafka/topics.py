@@ -7,18 +7,21 @@ count, a creation the broker forbids) raises :class:`ConfigurationError`.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec  # type: ignore[attr-defined]
 
 from connectors.exceptions import ConfigurationError, ConnectorError, KafkaUnavailableError, retry_cause
 from connectors.kafka.librdkafka import LIBRDKAFKA_LOGGER
 from connectors.kafka.security import SecurityErrors, librdkafka_config
 from connectors.kafka.settings import KafkaSettings
+
+log = logging.getLogger(__name__)
 
 _TRY_S = 1.0
 """How long one metadata request of :func:`prepare_topics` may take before the next try."""
@@ -30,6 +33,9 @@ class TopicsReport:
 
     partitions: dict[str, int]
     created: list[str]
+    ids: dict[str, str] = field(default_factory=dict)
+    """The change topic's id (:func:`describe_ids`), read after any creation; empty where the broker did
+    not say (the id is what :class:`~connectors.kafka.topic_check.TopicWatch` compares)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +45,11 @@ class TopicSpec:
 
     partitions: int
     config: Mapping[str, str] = field(default_factory=dict)
+
+
+def admin_client(settings: KafkaSettings) -> AdminClient:
+    """An admin client as configured (security included)."""
+    return _admin(settings)[0]
 
 
 def _admin(settings: KafkaSettings) -> tuple[AdminClient, SecurityErrors]:
@@ -103,7 +114,14 @@ def prepare_topics(
             f"topic {settings.change_topic!r} has {have} partitions but FRESHKEY_KAFKA_PARTITIONS is "
             f"{settings.partitions}; set it to {have} (changing the count reorders rows across partitions)"
         )
-    return TopicsReport(partitions=counts, created=sorted(created))
+    try:
+        ids = describe_ids(admin, [settings.change_topic], timeout_s)
+    except (KafkaException, TimeoutError) as exc:  # a broker that cannot say: no watch, nothing else lost
+        log.warning("Kafka did not describe %r (%r): its identity is not watched", settings.change_topic, exc)
+        ids = {}
+    return TopicsReport(
+        partitions=counts, created=sorted(created), ids={t: i for t, i in ids.items() if i is not None}
+    )
 
 
 def _create(
@@ -217,6 +235,27 @@ def record_exists(
         raise _unavailable(settings, exc) from None
     finally:
         consumer.close()
+
+
+NO_TOPIC_ID = "AAAAAAAAAAAAAAAAAAAAAA"
+"""The zero topic id, as librdkafka prints it: what a broker without topic ids gives."""
+
+
+def describe_ids(admin: AdminClient, topics: Iterable[str], timeout_s: float) -> dict[str, str | None]:
+    """Topic -> its id (a new one each time a topic is created: a topic deleted or lost and created again
+    has another), or None for one the broker does not have. A broker without topic ids gives
+    :data:`NO_TOPIC_ID`. Raises KafkaException for a broker that does not answer (or another error)."""
+    futures = admin.describe_topics(TopicCollection(list(topics)), request_timeout=timeout_s)
+    ids: dict[str, str | None] = {}
+    for topic, future in futures.items():
+        try:
+            ids[topic] = str(future.result(timeout=timeout_s).topic_id)
+        except KafkaException as exc:
+            if exc.args and getattr(exc.args[0], "code", lambda: None)() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                ids[topic] = None
+            else:
+                raise
+    return ids
 
 
 def topic_names(settings: KafkaSettings, *, timeout_s: float = 10.0) -> list[str]:

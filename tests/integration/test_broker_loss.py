@@ -2,8 +2,9 @@
 default partition count, 4 on Tansu, made the connector refuse the change topic and stop), it recreates
 its own topics as they were, and it waits for the connector to recreate the change topic. The connector
 ends a session whose events wait for a topic the broker no longer has within seconds, then recreates it
-and fences; an idle connector too (its producer looks for the change topic every 5 s while nothing
-waits), instead of at the next change of a bound table.
+and fences; an idle connector too, instead of at the next change of a bound table, and when another
+process created the change topic again first (its producer compares the topic's id every 5 s with the one
+its session began with: ``connectors.kafka.topic_check.TopicWatch``).
 
 Real servers: a private Tansu broker (memory storage: a restart loses every topic), the session's MariaDB
 and Redis, a connector and a worker as child processes.
@@ -36,6 +37,7 @@ from connectors.exceptions import ConnectorError
 from connectors.kafka import topic_check
 from connectors.kafka.producer import ChangeProducer
 from connectors.kafka.settings import KafkaSettings
+from connectors.kafka.topics import NO_TOPIC_ID, describe_ids
 from pipeline.agents.broker_topics import forbid_topic_auto_creation
 from pipeline.embedded import LocalKafka
 from tests.support.kafka import create_topics
@@ -182,6 +184,17 @@ def test_an_event_waiting_when_the_broker_comes_back_empty_ends_the_session_with
         p.close()
 
 
+def _failure(producer: ChangeProducer, since: float, within_s: float) -> str:
+    """Why the producer's session failed, as soon as it did; "" when it did not within ``within_s``."""
+    while time.monotonic() - since < within_s:
+        try:
+            producer.raise_if_failed()
+        except ConnectorError as exc:
+            return str(exc)
+        time.sleep(0.05)
+    return ""
+
+
 def _fail_waiting_event(bootstrap: str, monkeypatch: pytest.MonkeyPatch, *, check: bool) -> tuple[float, str]:
     """Produce one event to a topic the broker does not have; how long until the session fails, and why."""
     producer = ChangeProducer(KafkaSettings(bootstrap=bootstrap), linger_ms=0, delivery_timeout_s=30)
@@ -195,13 +208,7 @@ def _fail_waiting_event(bootstrap: str, monkeypatch: pytest.MonkeyPatch, *, chec
             acked: list[int] = []
             started = time.monotonic()
             producer.produce(topic, b"k", b"v", lambda: acked.append(1))
-            why = ""
-            while not why and time.monotonic() - started < 10:
-                try:
-                    producer.raise_if_failed()
-                except ConnectorError as exc:
-                    why = str(exc)
-                time.sleep(0.05)
+            why = _failure(producer, started, 10)
             took = time.monotonic() - started
             assert why, f"no failure in 10 s for an event waiting for {topic!r}"
             assert not acked
@@ -234,7 +241,10 @@ def _idle_failure(server: LocalKafka, monkeypatch: pytest.MonkeyPatch, *, watch:
     after it is back until the session fails, and why ("" when it did not within 4 s)."""
     topic = f"idle-{uuid.uuid4().hex[:8]}"
     create_topics(server.bootstrap, {topic: 3})
-    producer = ChangeProducer(KafkaSettings(bootstrap=server.bootstrap), linger_ms=0, watch=[topic])
+    settings = KafkaSettings(bootstrap=server.bootstrap)
+    ids = describe_ids(AdminClient({"bootstrap.servers": server.bootstrap}), [topic], 10)
+    assert ids[topic] not in (None, NO_TOPIC_ID), ids
+    producer = ChangeProducer(settings, linger_ms=0, watch={topic: str(ids[topic])})
     with monkeypatch.context() as patch:
         patch.setattr(topic_check, "TOPIC_WATCH_EVERY_S", 0.5 if watch else 3600.0)
         try:
@@ -244,13 +254,7 @@ def _idle_failure(server: LocalKafka, monkeypatch: pytest.MonkeyPatch, *, watch:
             server.halt()
             server.resume()
             back = time.monotonic()
-            why = ""
-            while not why and time.monotonic() - back < 4:
-                try:
-                    producer.raise_if_failed()
-                except ConnectorError as exc:
-                    why = str(exc)
-                time.sleep(0.05)
+            why = _failure(producer, back, 4)
             assert topic not in partitions(server.bootstrap), "asking must not create it"
             return time.monotonic() - back, why
         finally:
@@ -264,10 +268,39 @@ def test_an_idle_producer_ends_its_session_once_the_broker_came_back_without_its
     the watch, an idle connector went on until the next change of a bound table, the events the broker
     lost unapplied and nothing fenced. With the watch (every 0.5 s here, TOPIC_WATCH_EVERY_S = 5 s in
     production) the session fails within a second or two of the broker's return. Negative control: the
-    same producer without the watch has not failed 4 s after the broker is back."""
+    same producer with the watch's interval at an hour has not failed 4 s after the broker is back."""
     took, why = _idle_failure(private_kafka, monkeypatch, watch=True)
     print(f"\nwatched: failed {took:.1f} s after the broker was back ({why})")
-    assert "no longer has topic" in why and "no event waiting" in why, why
+    assert "no longer has topic" in why and "not on the broker any more" in why, why
     assert took < 3.0
     _, why_unwatched = _idle_failure(private_kafka, monkeypatch, watch=False)
     assert why_unwatched == "", f"the control failed without the watch: {why_unwatched}"
+
+
+def test_a_change_topic_created_again_by_another_process_is_found_and_fenced(
+    mysql_service: MySQLService, private_kafka: LocalKafka, redis_url: str, tmp_path: Path
+) -> None:
+    """The broker comes back without its data and another process (here the test, as a worker starting
+    then would) creates the change topic again, with the right partition count, before the connector
+    looks: the topic is there, so only its identity tells. The connector's watch compares the topic's id
+    with the one its session began with, ends the session as for a rewound partition, and the next
+    fences, with no new change to send. Negative control (run here with TOPIC_WATCH_EVERY_S at an hour):
+    no fence within the 20 s, the events the broker lost never applied and nothing said."""
+    p = Pipeline(mysql_service, private_kafka.bootstrap, redis_url, tmp_path, version_column=False)
+    try:
+        p.start("connector", FRESHKEY_CONNECTOR_RETRY_INITIAL_BACKOFF_S="0.2")
+        p.start("worker")
+        p.sql(ROW, (1, "before"))
+        p.wait_consistent()
+        private_kafka.halt()
+        private_kafka.resume()
+        create_topics(private_kafka.bootstrap, {p.change_topic: 3})
+        back = time.monotonic()
+        p.wait(lambda: "fenced 1 namespace(s)" in p.logs(), 20, "the connector's fence")
+        print(f"\nfenced {time.monotonic() - back:.1f} s after the change topic was created again")
+        assert "created again: its topic id is" in " ".join(p.logs().split())
+        p.sql(ROW, (2, "after"))
+        p.wait_consistent()
+        assert p.starts == {"connector": 1, "worker": 1}
+    finally:
+        p.close()

@@ -7,9 +7,12 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
-from confluent_kafka import KafkaError, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicCollection
 
 import connectors.kafka.producer as producer_module
 from connectors.exceptions import ConfigurationError, DeliveryError
@@ -18,7 +21,8 @@ from connectors.kafka.acks import MAX_SPANS, AckedOffsets
 from connectors.kafka.limit import RECORD_OVERHEAD_BYTES, MessageLimit
 from connectors.kafka.producer import ChangeProducer
 from connectors.kafka.settings import KafkaSettings
-from connectors.kafka.topic_check import TOPIC_GONE_AFTER_S, TopicCheck
+from connectors.kafka.topic_check import TOPIC_GONE_AFTER_S, TopicCheck, TopicWatch
+from connectors.kafka.topics import NO_TOPIC_ID
 
 LIMIT = 100_000
 KAFKA = KafkaSettings(bootstrap="127.0.0.1:1", max_message_bytes=LIMIT, dead_letter_max_original_bytes=50_000)
@@ -250,17 +254,52 @@ def test_the_topic_check_is_due_once_events_waited_and_the_last_check_ended_long
     assert check.due(now, waiting_since=now - TOPIC_GONE_AFTER_S)
 
 
-def test_with_nothing_waiting_the_topic_check_is_due_every_watch_interval(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(topic_check, "TOPIC_CHECK_TIMEOUT_S", 0.2)
-    check = TopicCheck()
-    assert check.idle_due(time.monotonic()), "looked at from the start"
-    quiet = {"allow.auto.create.topics": False, "log_level": 0}
-    assert check.gone(Producer({"bootstrap.servers": KAFKA.bootstrap, **quiet})) is None  # nothing watched
+class _Admin:
+    """Stands in for librdkafka's admin client: describe_topics answers as set (an id, or unknown)."""
+
+    def __init__(self) -> None:
+        self.ids: dict[str, str | None] = {}
+
+    def describe_topics(self, topics: TopicCollection, request_timeout: float) -> dict[str, Future[Any]]:
+        answers: dict[str, Future[Any]] = {}
+        for name in topics.topic_names:
+            future: Future[Any] = Future()
+            found = self.ids.get(name)
+            if found is None:
+                future.set_exception(KafkaException(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART)))
+            else:
+                future.set_result(SimpleNamespace(topic_id=found))
+            answers[name] = future
+        return answers
+
+
+def test_the_watch_finds_a_topic_gone_or_created_again_and_looks_every_interval() -> None:
+    admin = _Admin()
+    admin.ids = {"c": "id-1"}
+    watch = TopicWatch(cast(Any, admin), {"c": "id-1"})
+    assert watch.due(time.monotonic()), "looked at from the start"
+    assert watch.changed() is None
     ended = time.monotonic()
-    assert not check.idle_due(ended + topic_check.TOPIC_WATCH_EVERY_S - 0.1)
-    assert check.idle_due(ended + topic_check.TOPIC_WATCH_EVERY_S)
+    assert not watch.due(ended + topic_check.TOPIC_WATCH_EVERY_S - 0.1)
+    assert watch.due(ended + topic_check.TOPIC_WATCH_EVERY_S)
+    admin.ids = {}
+    assert watch.changed() == ("c", "not on the broker any more", False)
+    admin.ids = {"c": "id-2"}
+    assert watch.changed() == (
+        "c",
+        "created again: its topic id is id-2, was id-1 when the session began",
+        True,
+    )
+    admin.ids = {"c": NO_TOPIC_ID}  # a broker without topic ids says nothing of identity
+    assert watch.changed() is None
+    assert not TopicWatch(None, {}).due(time.monotonic()), "nothing watched: never due"
+
+
+def test_a_topic_created_again_ends_the_session_as_a_loss(producer: ChangeProducer) -> None:
+    producer._changed(("c", "created again: its topic id is id-2, was id-1 when the session began", True))
+    assert producer.rewound is not None and "events Kafka acknowledged may be lost" in producer.rewound
+    with pytest.raises(DeliveryError, match="created again"):
+        producer.raise_if_failed()
 
 
 def test_the_topic_check_against_a_broker_that_does_not_answer_finds_nothing_and_waits_its_turn(
