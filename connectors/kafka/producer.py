@@ -103,7 +103,7 @@ class ChangeProducer:
         self._last_error = ""
         self._progress_at = time.monotonic()  # last acknowledgement, or when events started to wait
         self._topic_check = TopicCheck()
-        self._watch = TopicWatch(admin_client(settings) if watch else None, watch or {})
+        self._watch = TopicWatch(partial(admin_client, settings), watch or {})
         self._ends: dict[tuple[str, int], int] = {}
         self._acked: dict[tuple[str, int], AckedOffsets] = {}
         self._floors = dict(acknowledged or {})

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
@@ -89,12 +89,17 @@ class TopicCheck:
 class TopicWatch:
     """The topics a session vouches for by identity (topic -> its id when the session began): whether
     each is still there and still the same topic (a topic lost with a broker's data, or deleted, and
-    created again gets another id). :meth:`due` and :meth:`changed` on the delivery thread."""
+    created again gets another id). :meth:`due` and :meth:`changed` on the delivery thread.
 
-    def __init__(self, admin: AdminClient | None, ids: Mapping[str, str]) -> None:
-        self._admin = admin
+    The first look comes :data:`TOPIC_WATCH_EVERY_S` after the session began (which had just read the
+    ids), and the admin client is made for it then (``admin``, a factory): a session's start costs
+    nothing more."""
+
+    def __init__(self, admin: Callable[[], AdminClient], ids: Mapping[str, str]) -> None:
+        self._make_admin = admin
+        self._admin: AdminClient | None = None
         self._ids = dict(ids)
-        self._checked_at = 0.0
+        self._checked_at = time.monotonic()
 
     def due(self, now: float) -> bool:
         return bool(self._ids) and now - self._checked_at >= TOPIC_WATCH_EVERY_S
@@ -103,9 +108,9 @@ class TopicWatch:
         """(topic, what the broker says of it, whether it is there again as another topic) for the first
         watched topic that is gone or another; None when all are as they were or the broker did not
         answer (an unreachable broker is the producer's own bound)."""
-        if self._admin is None:
-            return None
         try:
+            if self._admin is None:
+                self._admin = self._make_admin()
             now_ids = describe_ids(self._admin, self._ids, TOPIC_CHECK_TIMEOUT_S)
         except (KafkaException, TimeoutError) as exc:
             log.debug("describing the watched topics: %r", exc)

@@ -276,8 +276,10 @@ class _Admin:
 def test_the_watch_finds_a_topic_gone_or_created_again_and_looks_every_interval() -> None:
     admin = _Admin()
     admin.ids = {"c": "id-1"}
-    watch = TopicWatch(cast(Any, admin), {"c": "id-1"})
-    assert watch.due(time.monotonic()), "looked at from the start"
+    watch = TopicWatch(lambda: cast(Any, admin), {"c": "id-1"})
+    began = time.monotonic()
+    assert not watch.due(began), "the session had just read the ids"
+    assert watch.due(began + topic_check.TOPIC_WATCH_EVERY_S)
     assert watch.changed() is None
     ended = time.monotonic()
     assert not watch.due(ended + topic_check.TOPIC_WATCH_EVERY_S - 0.1)
@@ -292,7 +294,7 @@ def test_the_watch_finds_a_topic_gone_or_created_again_and_looks_every_interval(
     )
     admin.ids = {"c": NO_TOPIC_ID}  # a broker without topic ids says nothing of identity
     assert watch.changed() is None
-    assert not TopicWatch(None, {}).due(time.monotonic()), "nothing watched: never due"
+    assert not TopicWatch(lambda: cast(Any, admin), {}).due(time.monotonic() + 3600), "nothing watched"
 
 
 def test_a_topic_created_again_ends_the_session_as_a_loss(producer: ChangeProducer) -> None:
