@@ -68,12 +68,16 @@ class TierGuard:
             self.failing_since = None
             self.attempts = 0
 
-    def failed(self, error: BaseException) -> float:
-        """Record a failure; returns how long to wait before the next attempt."""
+    def failed(self, error: BaseException, *, since: float | None = None) -> float:
+        """Record a failure; returns how long to wait before the next attempt.
+
+        ``since``: when the failed attempt began (this guard's clock). A tier that hangs fails only when
+        the attempt times out, seconds after it stopped answering: counted from the attempt's start, its
+        failure is as long as it really is (the fence bound is about how long the others waited)."""
         now = self.clock()
         if self.state == "ok":
             self.state = "failing"
-            self.failing_since = now
+            self.failing_since = now if since is None else min(since, now)
             self._note(f"failing: {error!r}")
         self.last_error = repr(error)[:300]
         wait = self.policy.backoff(self.attempts)
@@ -84,6 +88,14 @@ class TierGuard:
             # it (a tier that answers again is used again within a fraction of the bound).
             wait = min(wait, bound / 3, max(0.01, bound - self.failing_for_s))
         return wait
+
+    def time_left_s(self) -> float | None:
+        """How long the next attempt may take before the tier is due to be fenced (None: no bound); at
+        least 10 ms, so that an attempt is always made."""
+        bound = self.policy.fence_after_s
+        if bound is None:
+            return None
+        return max(0.01, bound - self.failing_for_s)
 
     @property
     def failing_for_s(self) -> float:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from cache_writer import ActionResult, CacheAction, Outcome, TierUnavailableError
-from cache_writer.retry import RetryPolicy
+from cache_writer.retry import RetryPolicy, TierGuard
 from pipeline.observe.report import BatchReport
 from pipeline.prepared import Fence
 from pipeline.processor import ChangeProcessor
@@ -55,6 +55,25 @@ class MemoryTier:
 
     async def close(self) -> None:
         pass
+
+
+class HangingTier(MemoryTier):
+    """A tier that neither answers nor refuses (a paused server) until :attr:`resume` is set."""
+
+    def __init__(self, name: str = "redis-l3") -> None:
+        super().__init__(name)
+        self.resume: asyncio.Event | None = None
+        self.cancelled = 0
+
+    async def apply(self, actions: Sequence[CacheAction]) -> list[ActionResult]:
+        if self.resume is None:
+            self.resume = asyncio.Event()
+        try:
+            await self.resume.wait()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        return await super().apply(actions)
 
 
 class Events:
@@ -195,6 +214,48 @@ def test_without_a_bound_the_outer_tier_holds_the_batch() -> None:
     with pytest.raises(TimeoutError):
         asyncio.run(go())
     assert l2.entries["fk:{assets}:1"] == (5, b"old"), "invalidations go outermost first: L2 waits for L3"
+
+
+def test_an_outer_tier_that_hangs_is_fenced_within_the_bound_and_the_inner_tier_goes_on() -> None:
+    """A paused L3 answers nothing and refuses nothing: each attempt may take only the time left to the
+    fence bound. Without that bound the batch waited for the socket timeout (here: for ever)."""
+    l2, l3 = MemoryTier("redis"), HangingTier("redis-l3")
+    p, events = processor(PLAIN, l2, l3, fence_after_s=0.1)
+    fenced: list[str] = []
+
+    async def on_outer_fenced(tier: Any) -> None:
+        fenced.append(tier.name)
+
+    p.on_outer_fenced = on_outer_fenced
+
+    async def go() -> float:
+        prepared = await p.prepare([(None, encode(change("c", 1, 10)))])
+        started = asyncio.get_running_loop().time()
+        await asyncio.wait_for(p.apply(prepared.planned, received_ms=0, planned_ms=0), 2.0)
+        return asyncio.get_running_loop().time() - started
+
+    took = asyncio.run(go())
+    assert fenced == ["redis-l3"] and p.guards["redis-l3"].state == "fenced"
+    assert l2.entries["fk:{assets}:1"][0] == 10 and not l3.entries
+    assert 0.1 <= took < 0.5, took
+    assert l3.cancelled >= 1, "the attempt that hung was given up"
+    assert "no answer within" in p.guards["redis-l3"].last_error
+    assert "redis-l3:fenced" in events.kinds
+
+
+def test_a_tier_failure_counts_from_the_start_of_the_attempt_that_failed() -> None:
+    """An attempt that ends in a timeout began seconds earlier: the tier has failed since then."""
+    now = [100.0]
+    guard = TierGuard("redis-l3", RetryPolicy(fence_after_s=1.5), clock=lambda: now[0])
+    assert guard.time_left_s() == 1.5
+    now[0] = 105.0  # a socket timeout of 5 s
+    guard.failed(TimeoutError("read"), since=100.0)
+    assert guard.failing_for_s == 5.0 and guard.due_to_fence()
+    assert guard.time_left_s() == 0.01
+    fresh = TierGuard("redis", RetryPolicy(fence_after_s=1.5), clock=lambda: now[0])
+    fresh.failed(ConnectionError("refused"))  # refused at once: failing from now
+    assert fresh.failing_for_s == 0.0 and not fresh.due_to_fence()
+    assert TierGuard("x", RetryPolicy(fence_after_s=None)).time_left_s() is None
 
 
 def test_the_primary_tier_is_never_skipped_and_fences_every_namespace_when_it_returns() -> None:
