@@ -18,7 +18,7 @@ from cache_writer import (
     Outcome,
     TierUnavailableError,
 )
-from cache_writer.retry import RetryPolicy, TierGuard
+from cache_writer.retry import RetryPolicy, TierGuard, apply_within
 from cache_writer.semantic.exceptions import EmbeddingError
 from pipeline.models import (
     NO_MODEL,
@@ -339,7 +339,7 @@ class ChangeProcessor:
         while True:
             started = guard.clock()
             try:
-                results = await _attempt(tier, actions, None if primary else guard.time_left_s())
+                results = await apply_within(tier, actions, None if primary else guard.time_left_s())
                 break
             except TierUnavailableError as exc:
                 wait = guard.failed(exc, since=started)
@@ -387,25 +387,3 @@ class ChangeProcessor:
                 log.warning("invalidating refused writes in %s failed (%r); batch retried", tier.name, exc)
                 raise
         return results
-
-
-async def _attempt(tier: CacheTier, actions: list[CacheAction], within_s: float | None) -> list[ActionResult]:
-    """One apply of ``actions`` to ``tier``, given up after ``within_s`` (None: no bound).
-
-    An outer tier's attempt may take only the time left to the fence bound: one that hangs (a paused
-    server, a network that drops packets) answers nothing and refuses nothing, so without a bound the
-    others waited for its socket timeout (5 s by default) once per attempt, twice before it was fenced
-    (measured: an L3 paused for 8 s held L2 back for all of them). Given up, the attempt is a failure of
-    the tier like any other (the fence bound is then reached, and the tier fenced and later flushed)."""
-    if within_s is None:
-        return await tier.apply(actions)
-    bound = asyncio.timeout(within_s)
-    try:
-        async with bound:
-            return await tier.apply(actions)
-    except TimeoutError:
-        if not bound.expired():
-            raise
-        raise TierUnavailableError(
-            tier.name, TimeoutError(f"no answer within {within_s:.2f} s (the time left to the fence bound)")
-        ) from None

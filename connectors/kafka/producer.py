@@ -34,6 +34,7 @@ from connectors.exceptions import (
     KafkaUnavailableError,
     kafka_error_code,
 )
+from connectors.kafka import topic_check
 from connectors.kafka.acks import AckedOffsets
 from connectors.kafka.librdkafka import LIBRDKAFKA_LOGGER
 from connectors.kafka.limit import MessageLimit
@@ -166,17 +167,10 @@ class ChangeProducer:
         if not recreated:
             self._fail(self._topic_gone(topic, why))
             return
-        reason = (
-            f"Kafka at {self._bootstrap} has topic {topic!r} {why} (a broker that lost its data, or a "
-            "deleted topic, created again by another process): events Kafka acknowledged may be lost"
-        )
-        self._lost(reason)
+        self._lost(topic_check.recreated_reason(self._bootstrap, topic, why))
 
     def _topic_gone(self, topic: str, detail: str) -> DeliveryError:
-        return DeliveryError(
-            f"Kafka at {self._bootstrap} no longer has topic {topic!r} (a broker that lost its data, "
-            f"or a deleted topic; {detail}): the next session recreates it and fences"
-        )
+        return DeliveryError(topic_check.gone_reason(self._bootstrap, topic, detail))
 
     def _fail(self, failure: ConnectorError) -> None:
         if self._failure is None:  # the first failure is the cause; the rest follow from it

@@ -128,3 +128,19 @@ class TopicWatch:
                     True,
                 )
         return None
+
+
+def gone_reason(bootstrap: str, topic: str, detail: str) -> str:
+    """Why a session ends when the broker no longer has ``topic``."""
+    return (
+        f"Kafka at {bootstrap} no longer has topic {topic!r} (a broker that lost its data, "
+        f"or a deleted topic; {detail}): the next session recreates it and fences"
+    )
+
+
+def recreated_reason(bootstrap: str, topic: str, why: str) -> str:
+    """Why a session ends when ``topic`` is another topic than the one it began with."""
+    return (
+        f"Kafka at {bootstrap} has topic {topic!r} {why} (a broker that lost its data, or a "
+        "deleted topic, created again by another process): events Kafka acknowledged may be lost"
+    )
