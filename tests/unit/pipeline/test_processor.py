@@ -237,7 +237,7 @@ def test_an_outer_tier_that_hangs_is_fenced_within_the_bound_and_the_inner_tier_
     took = asyncio.run(go())
     assert fenced == ["redis-l3"] and p.guards["redis-l3"].state == "fenced"
     assert l2.entries["fk:{assets}:1"][0] == 10 and not l3.entries
-    assert 0.1 <= took < 0.5, took
+    assert 0.1 <= took < 1.5, took  # without the bound it waits until wait_for's 2 s and fails
     assert l3.cancelled >= 1, "the attempt that hung was given up"
     assert "no answer within" in p.guards["redis-l3"].last_error
     assert "redis-l3:fenced" in events.kinds
